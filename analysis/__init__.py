@@ -1,0 +1,1 @@
+"""TTFT attribution from a run directory: pandas in, pandas out."""

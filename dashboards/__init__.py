@@ -1,0 +1,1 @@
+"""The Dash app for TTFT breakdowns, request waterfalls and queue depth."""

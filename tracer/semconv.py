@@ -1,0 +1,38 @@
+"""Span names and attribute keys: defined once, shared by the tracer (writes) and analysis (reads).
+
+`gen_ai.*` keys are the ones vLLM and the GenAI semantic conventions already use; everything of
+our own lives under `kvscope.`, lower_snake, with the unit in the name.
+"""
+
+# Span names, from the client's request down to the device read.
+SPAN_CLIENT_REQUEST = "kvscope.client.request"  # root: client send -> last token (client clock)
+SPAN_QUEUE = "kvscope.queue"  # arrival in vLLM -> first scheduled
+SPAN_KV_LOOKUP = "kvscope.kv.lookup"  # scheduler asks LMCache how many tokens it holds
+SPAN_KV_LOAD = "kvscope.kv.load"  # worker loads the hit tokens (parent of reads and transfers)
+SPAN_STORAGE_READ = "kvscope.storage.read"  # one batch of chunk reads from the storage tier
+SPAN_KV_TRANSFER = "kvscope.kv.transfer"  # copy into the paged KV cache (H2D on CUDA)
+SPAN_PREFILL = "kvscope.prefill"  # the forward pass over this request's uncached tokens
+SPAN_KV_STORE = "kvscope.kv.store"  # saving new KV to LMCache after the forward
+SPAN_FIRST_TOKEN = "kvscope.first_token"  # zero-length marker at the first streamed token
+
+# Attribute keys shared with vLLM / GenAI semantic conventions.
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+GEN_AI_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_TTFT = "gen_ai.latency.time_to_first_token"
+
+# Our own attribute keys.
+REQUEST_ID = "kvscope.request_id"  # the client's id (X-Request-Id), on every span
+VLLM_REQUEST_ID = "kvscope.vllm.request_id"  # vLLM's internal id (client id + random suffix)
+PHASE = "kvscope.phase"
+CACHED_TOKENS = "kvscope.kv.cached_tokens"
+HIT_TOKENS = "kvscope.kv.hit_tokens"
+READ_BYTES = "kvscope.storage.read_bytes"
+READ_CHUNKS = "kvscope.storage.chunks"
+READ_SUBREADS = "kvscope.storage.subreads"
+READ_BACKEND = "kvscope.storage.backend"
+READ_DEVICE = "kvscope.storage.device"
+READ_INFLIGHT_AT_SUBMIT = "kvscope.storage.inflight_at_submit"
+READER_TIDS = "kvscope.storage.reader_tids"  # threads that issued the reads (joins block I/O)
+TRANSFER_BYTES = "kvscope.transfer.bytes"
+TRANSFER_KIND = "kvscope.transfer.kind"  # "cpu_copy" here, "h2d" on CUDA
+PREFILL_TOKENS = "kvscope.prefill.tokens"
