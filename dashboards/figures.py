@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure figure builders for the TTFT views: DataFrame in, `go.Figure` out.
+
+No I/O, no Dash, no analysis here: the frames come from `analysis.attribute` / `summarize`
+(with a `run` column added per loaded run), so every builder is testable without a server.
+Strings that come from traces or directory names pass through `text()` before they reach a
+figure, because Plotly renders a subset of HTML in labels and hover text.
+"""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from analysis.attribution import COMPONENTS  # in causal order; they sum to ttft_ns
+
+COLORS = {
+    "queueing": "#9e9e9e",
+    "kv_lookup": "#8c6bb1",
+    "storage_read": "#d62728",
+    "transfer": "#ff7f0e",
+    "prefill": "#1f77b4",
+    "other": "#c7c7c7",
+}
+LABELS = {"ms": "ms", "component": "component", "run": "run", "rank": "request"}
+# Sort keys of the per-request view: option label -> column of the attribution frame.
+SORT_KEYS = {
+    "arrival": "arrival_ns",
+    "TTFT": "ttft_ns",
+    **{name.replace("_", " "): f"{name}_ns" for name in COMPONENTS},
+}
+# Above this many requests per run, per-request bars become a stacked step area: bars thinner
+# than a pixel look the same and ~60k SVG bars take seconds to draw (bench/dashboard_render.py).
+MAX_BARS = 2000
+PLOT_TEMPLATE = "plotly_white"
+
+
+def text(value: object) -> str:
+    """A string safe to show in a Plotly figure: trace-provided markup is shown, not rendered."""
+    return html.escape(str(value), quote=False)
+
+
+def _require(frame: pd.DataFrame, columns: list[str] | tuple[str, ...], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what} needs columns {missing}; got {list(frame.columns)}")
+
+
+def _style(fig: go.Figure, title: str) -> go.Figure:
+    """One look for every figure: white template, title, legend on top, facet titles bare."""
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    fig.update_layout(
+        template=PLOT_TEMPLATE,
+        title={"text": title, "x": 0.01, "xanchor": "left"},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right",
+                "title": None},
+        margin={"l": 60, "r": 20, "t": 70, "b": 50},
+    )
+    return fig
+
+
+def empty(message: str) -> go.Figure:
+    """A blank figure that says why it is blank (never an unexplained empty plot)."""
+    fig = go.Figure()
+    fig.add_annotation(text=text(message), showarrow=False, x=0.5, y=0.5,
+                       xref="paper", yref="paper", font={"size": 14})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _style(fig, "")
+
+
+def _long_ms(frame: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
+    """Melt the `<component>_ns` columns to long form (component, ms) in causal order."""
+    long = frame.melt(id_vars=ids, value_vars=[f"{c}_ns" for c in COMPONENTS],
+                      var_name="component", value_name="ns")
+    long["component"] = long["component"].str.removesuffix("_ns")
+    long["ms"] = long["ns"].astype("float64") / 1e6
+    return long.drop(columns="ns")
+
+
+def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
+                    max_bars: int = MAX_BARS) -> go.Figure:
+    """TTFT per request as stacked components, one panel per run, requests in `sort_by` order.
+
+    Each bar carries the request's `key` as customdata so a click can select the request.
+    """
+    column = SORT_KEYS.get(sort_by)
+    if column is None:
+        raise ValueError(f"sort_by {sort_by!r} is not one of {list(SORT_KEYS)}")
+    _require(attribution, ["run", "key", "request_id", column]
+             + [f"{c}_ns" for c in COMPONENTS], "the TTFT breakdown")
+    if attribution.empty:
+        return empty("no requests in the selected runs and phase")
+    ordered = attribution.sort_values(["run", column], kind="stable", ascending=[True, sort_by == "arrival"])
+    ordered = ordered.assign(rank=ordered.groupby("run", sort=False).cumcount(),
+                             request=ordered["request_id"].map(text))
+    long = _long_ms(ordered, ["run", "rank", "key", "request"])
+    long["run"] = long["run"].map(text)
+    common = dict(x="rank", y="ms", color="component", facet_col="run", custom_data=["key"],
+                  hover_data={"request": True, "rank": False, "run": False},
+                  color_discrete_map=COLORS, category_orders={"component": list(COMPONENTS)},
+                  labels={**LABELS, "rank": f"request (by {sort_by})"})
+    if ordered.groupby("run").size().max() <= max_bars:
+        fig = px.bar(long, **common)
+        fig.update_layout(barmode="stack", bargap=0.1)
+    else:
+        fig = px.area(long, line_shape="hv", **common)
+        fig.update_traces(line={"width": 0})
+    return _style(fig, f"TTFT breakdown per request (sorted by {sort_by})")
+
+
+def build_concurrency(attribution: pd.DataFrame) -> go.Figure:
+    """Mean TTFT components per phase and concurrency level; means add up to the mean TTFT."""
+    _require(attribution, ["run", "phase", "concurrency"] + [f"{c}_ns" for c in COMPONENTS],
+             "the per-concurrency breakdown")
+    if attribution.empty:
+        return empty("no requests in the selected runs and phase")
+    means = (attribution.groupby(["run", "phase", "concurrency"], as_index=False)
+             [[f"{c}_ns" for c in COMPONENTS]].mean())
+    means["level"] = means["phase"].map(text) + " c=" + means["concurrency"].astype(str)
+    long = _long_ms(means, ["run", "level"])
+    long["run"] = long["run"].map(text)
+    fig = px.bar(long, x="level", y="ms", color="component", facet_col="run",
+                 color_discrete_map=COLORS, category_orders={"component": list(COMPONENTS)},
+                 labels={**LABELS, "level": "phase, concurrency", "ms": "mean ms"})
+    fig.update_layout(barmode="stack")
+    return _style(fig, "Mean TTFT breakdown per concurrency level")
+
+
+def build_percentiles(percentiles: pd.DataFrame) -> go.Figure:
+    """Percentiles per component, runs side by side (one panel per percentile)."""
+    _require(percentiles, ["run", "component", "percentile", "value_ns"], "the percentile view")
+    if percentiles.empty:
+        return empty("analysis reported no percentiles for the selected runs")
+    frame = percentiles.assign(ms=percentiles["value_ns"] / 1e6,
+                               run=percentiles["run"].map(text),
+                               component=percentiles["component"].map(text))
+    fig = px.bar(frame, x="component", y="ms", color="run", facet_col="percentile",
+                 barmode="group", labels=LABELS,
+                 category_orders={"component": ["ttft", *COMPONENTS]})
+    return _style(fig, "Percentiles per component")

@@ -1,0 +1,22 @@
+"""Component ids, defined once and shared by the layout (pages/) and the callbacks."""
+
+RUNS = "runs-checklist"  # which loaded runs the views show
+PHASE = "phase-dropdown"  # restrict the TTFT views to one workload phase
+SORT = "sort-dropdown"  # order of the per-request bars
+
+BREAKDOWN_GRAPH = "breakdown-graph"  # stacked TTFT components per request
+CONCURRENCY_GRAPH = "concurrency-graph"  # mean components per concurrency level
+PERCENTILE_GRAPH = "percentile-graph"  # p50/p90/p99 per component
+FINDINGS = "findings-table"  # analysis findings ("why"), per run
+
+REQUEST = "request-dropdown"  # the request whose waterfall is shown
+WATERFALL_GRAPH = "waterfall-graph"  # spans, block I/Os and device depth of one request
+JAEGER_LINK = "jaeger-link"  # open the request's trace in Jaeger (when configured)
+REQUEST_DETAILS = "request-details"  # the request's breakdown as text
+
+DEVICE_GRAPH = "device-graph"  # device queue depth and read bandwidth over time
+NVME_GRAPH = "nvme-graph"  # per hardware queue view (runs with nvme_io only)
+
+DOWNLOAD_TABLE = "download-table-dropdown"  # which shown table to download
+DOWNLOAD_BUTTON = "download-button"
+DOWNLOAD = "download"

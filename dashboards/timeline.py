@@ -1,0 +1,194 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure figure builders for the time views: one request's waterfall, device depth, NVMe queues.
+
+Times are CLOCK_MONOTONIC ns in (docs/run-directory.md); figures show ms since the request's
+arrival (waterfall) or seconds since the run's first event (device views). Plotly's date axes do
+not fit relative times, so intervals are horizontal bars with `base=start`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboards.figures import COLORS, LABELS, _require, _style, empty, text
+
+# Span name (without the `kvscope.` prefix) -> TTFT component colour.
+SPAN_COLORS = {
+    "client.request": "#e0e0e0",
+    "queue": COLORS["queueing"],
+    "kv.lookup": COLORS["kv_lookup"],
+    "kv.load": "#f4a6a6",
+    "storage.read": COLORS["storage_read"],
+    "kv.transfer": COLORS["transfer"],
+    "prefill": COLORS["prefill"],
+    "kv.store": "#17becf",
+    "first_token": "#000000",
+}
+IO_COLORS = {"I/O queued": "#fdd0a2", "I/O on device": "#7f2704"}
+DEVICE_BINS = 600  # points per time series: about one per pixel of a wide plot
+
+
+def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Greedy interval packing: the first lane free at each start, so overlaps stay visible."""
+    lane_ends: list[int] = []
+    lanes = np.empty(len(starts), dtype=int)
+    for i in np.argsort(starts, kind="stable"):
+        free = next((k for k, end in enumerate(lane_ends) if end <= starts[i]), len(lane_ends))
+        if free == len(lane_ends):
+            lane_ends.append(ends[i])
+        lane_ends[free] = ends[i]
+        lanes[i] = free
+    return lanes
+
+
+def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[go.Bar], list[str]]:
+    ordered = spans.sort_values(["start_ns", "end_ns"], kind="stable")
+    short = ordered["name"].astype(str).str.removeprefix("kvscope.")
+    nth = short.groupby(short).cumcount()
+    lanes = [text(s if n == 0 else f"{s} #{n + 1}") for s, n in zip(short, nth)]
+    start_ms = (ordered["start_ns"] - arrival_ns) / 1e6
+    dur_ms = (ordered["end_ns"] - ordered["start_ns"]) / 1e6
+    bars = []
+    for name in dict.fromkeys(short):
+        mask = (short == name).to_numpy()
+        bars.append(go.Bar(
+            orientation="h", y=np.array(lanes)[mask], base=start_ms[mask], x=dur_ms[mask],
+            name=text(name), marker_color=SPAN_COLORS.get(name, "#7f7f7f"), legendgroup="spans",
+            hovertemplate="%{y}<br>start %{base:.2f} ms<br>duration %{x:.2f} ms<extra></extra>"))
+    return bars, lanes
+
+
+def _io_bars(io: pd.DataFrame, arrival_ns: int) -> tuple[list[go.Bar], list[str]]:
+    if io.empty:
+        return [], []
+    lane = _lanes(io["start_ns"].to_numpy(), io["complete_ns"].to_numpy())
+    names = np.array([f"I/O lane {k + 1}" for k in lane])
+    hover = [text(f"{op} {b // 1024} KiB tid {t}") for op, b, t in zip(io["op"], io["bytes"], io["tid"])]
+    bars = []
+    for name, start, end in (("I/O queued", "start_ns", "issue_ns"),
+                             ("I/O on device", "issue_ns", "complete_ns")):
+        bars.append(go.Bar(
+            orientation="h", y=names, base=(io[start] - arrival_ns) / 1e6,
+            x=(io[end] - io[start]) / 1e6, name=name, marker_color=IO_COLORS[name],
+            hovertext=hover, legendgroup="io",
+            hovertemplate=f"{name}<br>%{{hovertext}}<br>start %{{base:.2f}} ms"
+                          "<br>%{x:.3f} ms<extra></extra>"))
+    return bars, list(dict.fromkeys(sorted(names, key=lambda s: int(s.rsplit(" ", 1)[1]))))
+
+
+def _depth_in_window(depth: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
+    """Depth changes inside the window, plus the level carried in at its start."""
+    depth = depth.sort_values("ts_ns", kind="stable")
+    before = depth[depth["ts_ns"] < start_ns].tail(1).assign(ts_ns=start_ns)
+    inside = depth[(depth["ts_ns"] >= start_ns) & (depth["ts_ns"] <= end_ns)]
+    return pd.concat([before, inside], ignore_index=True)
+
+
+def build_waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
+                    arrival_ns: int, first_token_ns: int, title: str) -> go.Figure:
+    """One request on one axis (ms since arrival): spans, block I/Os, device in-flight depth."""
+    _require(spans, ["name", "start_ns", "end_ns"], "the waterfall's spans")
+    _require(io, ["start_ns", "issue_ns", "complete_ns", "bytes", "op", "tid"], "the waterfall's I/Os")
+    _require(depth, ["ts_ns", "inflight"], "the waterfall's depth lane")
+    if spans.empty and io.empty:
+        return empty(f"{title}: no spans and no block I/Os recorded for this request")
+    span_bars, span_lanes = _span_bars(spans, arrival_ns)
+    io_bars, io_lanes = _io_bars(io, arrival_ns)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.78, 0.22],
+                        vertical_spacing=0.05)
+    for bar in span_bars + io_bars:
+        fig.add_trace(bar, row=1, col=1)
+    end_ns = max([first_token_ns, *spans["end_ns"], *io["complete_ns"]])
+    lane = _depth_in_window(depth, arrival_ns, end_ns)
+    fig.add_trace(go.Scatter(
+        x=(lane["ts_ns"] - arrival_ns) / 1e6, y=lane["inflight"], mode="lines", line_shape="hv",
+        fill="tozeroy", name="device in-flight", line_color="#555555",
+        hovertemplate="%{y} in flight at %{x:.2f} ms<extra></extra>"), row=2, col=1)
+    if first_token_ns > 0:
+        fig.add_vline(x=(first_token_ns - arrival_ns) / 1e6, line_dash="dot",
+                      annotation_text="first token", annotation_position="top")
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(span_lanes + io_lanes)),
+                     row=1, col=1)
+    fig.update_yaxes(title_text="in flight", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="ms since arrival", row=2, col=1)
+    fig.update_layout(barmode="overlay", height=max(380, 26 * len(span_lanes + io_lanes) + 200))
+    return _style(fig, title)
+
+
+def _bin_index(ts_ns: pd.Series, t0_ns: int, width_ns: float) -> pd.Series:
+    return ((ts_ns - t0_ns) // width_ns).astype(int)
+
+
+def _binned_depth(depth: pd.DataFrame, t0_ns: int, width_ns: float, bins: int) -> pd.Series:
+    """Peak depth per bin: changes inside the bin and the level carried into it."""
+    b = _bin_index(depth["ts_ns"], t0_ns, width_ns)
+    per_bin = depth.groupby(b)["inflight"].agg(["max", "last"]).reindex(range(bins))
+    carried = per_bin["last"].ffill().shift(1)
+    return per_bin["max"].combine(carried, max).fillna(0)
+
+
+def _run_series(depth: pd.DataFrame, reads: pd.DataFrame, bins: int) -> pd.DataFrame:
+    """Binned peak depth and read MB/s of one run, time in s since its first event."""
+    t0 = int(np.concatenate([depth["ts_ns"], reads["start_ns"]]).min())
+    t1 = int(np.concatenate([depth["ts_ns"], reads["complete_ns"]]).max())
+    width = max((t1 - t0) / bins, 1e6)
+    bins = int((t1 - t0) // width) + 1
+    mbps = (reads.groupby(_bin_index(reads["complete_ns"], t0, width))["bytes"].sum()
+            .reindex(range(bins), fill_value=0) / (width / 1e9) / 1e6)
+    return pd.DataFrame({"t_s": np.arange(bins) * width / 1e9,
+                         "depth": _binned_depth(depth, t0, width, bins).to_numpy(),
+                         "read MB/s": mbps.to_numpy()})
+
+
+def build_device(depth: pd.DataFrame, reads: pd.DataFrame, *, bins: int = DEVICE_BINS) -> go.Figure:
+    """Device in-flight depth (peak per bin) and read bandwidth over time, runs overlaid."""
+    _require(depth, ["run", "ts_ns", "inflight"], "the device depth view")
+    _require(reads, ["run", "start_ns", "complete_ns", "bytes"], "the read bandwidth view")
+    if depth.empty and reads.empty:
+        return empty("no block I/O or queue depth recorded in the selected runs (probes off?)")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("in-flight requests (peak per bin)", "read bandwidth"))
+    palette = px.colors.qualitative.D3
+    for i, run in enumerate(dict.fromkeys([*depth["run"], *reads["run"]])):
+        series = _run_series(depth[depth["run"] == run], reads[reads["run"] == run], bins)
+        color = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=series["t_s"], y=series["depth"], name=text(run),
+                                 line_shape="hv", line_color=color, legendgroup=text(run)), 1, 1)
+        fig.add_trace(go.Scatter(x=series["t_s"], y=series["read MB/s"], name=text(run),
+                                 line_color=color, legendgroup=text(run), showlegend=False), 2, 1)
+    fig.update_yaxes(title_text="in flight", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="MB/s", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="s since the run's first I/O", row=2, col=1)
+    return _style(fig, "Device queue depth and read bandwidth")
+
+
+def build_nvme(nvme_io: pd.DataFrame, *, bins: int = DEVICE_BINS) -> go.Figure:
+    """Per hardware queue: commands in flight and peak command latency over time, per run."""
+    _require(nvme_io, ["run", "qid", "setup_ns", "complete_ns"], "the NVMe queue view")
+    io = nvme_io[nvme_io["qid"] > 0]
+    if io.empty:
+        return empty("no NVMe I/O commands recorded in the selected runs")
+    frames = []
+    for run, cmds in io.groupby("run", sort=False):
+        t0 = cmds["setup_ns"].min()
+        width = max((cmds["complete_ns"].max() - t0) / bins, 1e6)
+        for qid, q in cmds.groupby("qid"):
+            events = pd.DataFrame({"ts_ns": np.concatenate([q["setup_ns"], q["complete_ns"]]),
+                                   "step": np.repeat([1, -1], len(q))}).sort_values("ts_ns")
+            events["inflight"] = events["step"].cumsum()
+            n = int((cmds["complete_ns"].max() - t0) // width) + 1
+            latency = (q.assign(ms=(q["complete_ns"] - q["setup_ns"]) / 1e6)
+                       .groupby(_bin_index(q["complete_ns"], t0, width))["ms"].max().reindex(range(n)))
+            frames.append(pd.DataFrame({
+                "run": text(run), "qid": f"q{qid}", "t_s": np.arange(n) * width / 1e9,
+                "in flight": _binned_depth(events, t0, width, n).to_numpy(),
+                "peak latency ms": latency.to_numpy()}))
+    long = pd.concat(frames).melt(id_vars=["run", "qid", "t_s"], var_name="metric")
+    fig = px.line(long, x="t_s", y="value", color="qid", facet_row="metric", facet_col="run",
+                  line_shape="hv", labels={**LABELS, "t_s": "s since the run's first command"})
+    fig.update_yaxes(matches=None, rangemode="tozero", title_text="")
+    return _style(fig, "NVMe hardware queues")

@@ -1,0 +1,168 @@
+"""Figure builders on small hand-made frames: what each figure plots, not how it looks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dashboards import figures, timeline
+
+COMPONENT_NS = {"queueing_ns": 1e6, "kv_lookup_ns": 2e6, "storage_read_ns": 30e6,
+                "transfer_ns": 4e6, "prefill_ns": 5e6, "other_ns": 1e6}
+
+
+def attribution(run: str, n: int, *, scale: float = 1.0) -> pd.DataFrame:
+    """n requests whose components grow with the index (request i is the i-th slowest + 1)."""
+    rows = []
+    for i in range(n):
+        parts = {k: int(v * (i + 1) * scale) for k, v in COMPONENT_NS.items()}
+        rows.append({"run": run, "request_id": f"r{i}", "phase": "cold",
+                     "concurrency": 1 + i % 2, "arrival_ns": 10_000 * i,
+                     "key": json.dumps([run, "cold", f"r{i}"]),
+                     "ttft_ns": sum(parts.values()), **parts})
+    return pd.DataFrame(rows)
+
+
+def stacked_totals(fig) -> dict[tuple[str, int], float]:
+    totals: dict[tuple[str, int], float] = {}
+    for trace in fig.data:
+        for x, y in zip(trace.x, trace.y):
+            totals[(trace.xaxis, x)] = totals.get((trace.xaxis, x), 0.0) + y
+    return totals
+
+
+def test_breakdown_bars_stack_to_ttft_slowest_first():
+    frame = attribution("serial", 5)
+    fig = figures.build_breakdown(frame, sort_by="TTFT")
+    assert {t.type for t in fig.data} == {"bar"}
+    assert [t.name for t in fig.data] == list(figures.COMPONENTS)
+    totals = stacked_totals(fig)
+    expected = sorted(frame["ttft_ns"] / 1e6, reverse=True)
+    assert [totals[("x", rank)] for rank in range(5)] == pytest.approx(expected)
+    assert fig.data[0].customdata[0][0] == frame["key"].iloc[-1]  # rank 0 is the slowest
+
+
+def test_breakdown_sorted_by_arrival_keeps_arrival_order():
+    frame = attribution("serial", 4).sample(frac=1, random_state=3)
+    fig = figures.build_breakdown(frame, sort_by="arrival")
+    keys = [c[0] for c in fig.data[0].customdata]
+    assert keys == list(frame.sort_values("arrival_ns")["key"])
+
+
+def test_breakdown_puts_runs_side_by_side():
+    frame = pd.concat([attribution("serial", 3), attribution("parallel", 3, scale=0.5)])
+    fig = figures.build_breakdown(frame)
+    assert {a.text for a in fig.layout.annotations} == {"serial", "parallel"}
+    assert {t.xaxis for t in fig.data} == {"x", "x2"}
+
+
+def test_breakdown_switches_to_stacked_area_above_max_bars():
+    fig = figures.build_breakdown(attribution("big", 30), max_bars=10)
+    assert {t.type for t in fig.data} == {"scatter"}
+    assert {t.stackgroup for t in fig.data} == {"1"}
+    assert len(fig.data[0].x) == 30
+
+
+def test_breakdown_rejects_unknown_sort_and_missing_columns():
+    with pytest.raises(ValueError, match="not one of"):
+        figures.build_breakdown(attribution("a", 2), sort_by="colour")
+    with pytest.raises(ValueError, match="prefill_ns"):
+        figures.build_breakdown(attribution("a", 2).drop(columns="prefill_ns"))
+
+
+def test_trace_strings_are_shown_as_text_not_markup():
+    frame = attribution("<i>run</i>", 2).assign(request_id="<b onmouseover=x>r</b>")
+    fig = figures.build_breakdown(frame)
+    hover = fig.data[0].customdata[0]
+    assert "&lt;b onmouseover=x&gt;r&lt;/b&gt;" in list(hover)
+    assert fig.layout.annotations[0].text == "&lt;i&gt;run&lt;/i&gt;"
+
+
+def test_concurrency_bars_are_means_per_level():
+    frame = attribution("serial", 4)  # levels 1: r0, r2 ; 2: r1, r3
+    fig = figures.build_concurrency(frame)
+    storage = next(t for t in fig.data if t.name == "storage_read")
+    assert dict(zip(storage.x, storage.y)) == pytest.approx({"cold c=1": 60.0, "cold c=2": 90.0})
+
+
+def test_percentiles_in_ms_runs_grouped():
+    pct = pd.DataFrame({"run": ["a", "b"], "component": ["ttft", "ttft"],
+                        "percentile": ["p50", "p50"], "value_ns": [2e6, 1e6]})
+    fig = figures.build_percentiles(pct)
+    assert {t.name: list(t.y) for t in fig.data} == {"a": [2.0], "b": [1.0]}
+    assert fig.layout.barmode == "group"
+
+
+def test_empty_selection_says_why():
+    fig = figures.build_breakdown(attribution("a", 1).iloc[0:0])
+    assert "no requests" in fig.layout.annotations[0].text
+
+
+def waterfall_inputs():
+    arrival = 1_000_000_000
+    spans = pd.DataFrame({
+        "name": ["kvscope.client.request", "kvscope.queue", "kvscope.storage.read",
+                 "kvscope.storage.read", "kvscope.prefill"],
+        "start_ns": [arrival, arrival, arrival + 2_000_000, arrival + 9_000_000, arrival + 12e6],
+        "end_ns": [arrival + 20e6, arrival + 2e6, arrival + 8e6, arrival + 11e6, arrival + 19e6],
+    })
+    io = pd.DataFrame({"start_ns": [arrival + 3e6, arrival + 3.5e6, arrival + 7e6],
+                       "issue_ns": [arrival + 3.2e6, arrival + 3.6e6, arrival + 7.1e6],
+                       "complete_ns": [arrival + 5e6, arrival + 6e6, arrival + 7.9e6],
+                       "bytes": [262144] * 3, "op": ["R"] * 3, "tid": [11, 12, 11]})
+    depth = pd.DataFrame({"ts_ns": [arrival - 5e6, arrival + 3.2e6, arrival + 5e6],
+                          "inflight": [1, 2, 1]})
+    return spans, io, depth, arrival
+
+
+def test_waterfall_puts_spans_and_ios_on_ms_since_arrival():
+    spans, io, depth, arrival = waterfall_inputs()
+    fig = timeline.build_waterfall(spans, io, depth, arrival_ns=arrival,
+                                   first_token_ns=arrival + 20_000_000, title="r1")
+    reads = next(t for t in fig.data if t.name == "storage.read")
+    assert list(reads.y) == ["storage.read", "storage.read #2"]
+    assert list(reads.base) == pytest.approx([2.0, 9.0])
+    assert list(reads.x) == pytest.approx([6.0, 2.0])
+    device = next(t for t in fig.data if t.name == "I/O on device")
+    assert list(device.y) == ["I/O lane 1", "I/O lane 2", "I/O lane 1"]  # overlap -> own lane
+    assert list(device.x) == pytest.approx([1.8, 2.4, 0.8])
+    lane = next(t for t in fig.data if t.name == "device in-flight")
+    assert list(lane.x) == pytest.approx([0.0, 3.2, 5.0])
+    assert list(lane.y) == [1, 2, 1]  # the level carried in at arrival comes first
+
+
+def test_waterfall_shows_span_names_as_text():
+    spans, io, depth, arrival = waterfall_inputs()
+    spans.loc[1, "name"] = "<img src=x onerror=alert(1)>"
+    fig = timeline.build_waterfall(spans, io, depth, arrival_ns=arrival,
+                                   first_token_ns=arrival + 20_000_000, title="r1")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in [t.name for t in fig.data]
+
+
+def test_lanes_pack_overlapping_intervals():
+    lanes = timeline._lanes(np.array([0, 1, 2, 5]), np.array([3, 4, 6, 7]))
+    assert list(lanes) == [0, 1, 2, 0]
+
+
+def test_device_view_bandwidth_and_peak_depth():
+    reads = pd.DataFrame({"run": "a", "start_ns": np.arange(10) * 100_000_000,
+                          "complete_ns": np.arange(10) * 100_000_000 + 50_000_000,
+                          "bytes": 1_000_000})
+    depth = pd.DataFrame({"run": "a", "ts_ns": [0, 10_000_000, 20_000_000, 990_000_000],
+                          "inflight": [1, 4, 1, 0]})
+    fig = timeline.build_device(depth, reads, bins=10)
+    depth_trace, mbps = fig.data
+    assert max(depth_trace.y) == 4
+    width_s = mbps.x[1] - mbps.x[0]
+    assert sum(mbps.y) * width_s == pytest.approx(10.0)  # 10 MB over the run
+
+
+def test_nvme_view_has_a_line_per_queue_and_metric():
+    nvme = pd.DataFrame({"run": "a", "qid": [0, 1, 1, 2], "setup_ns": [0, 0, 1e6, 5e5],
+                         "complete_ns": [1e5, 2e6, 3e6, 9e5]})
+    fig = timeline.build_nvme(nvme, bins=4)
+    assert {t.name for t in fig.data} == {"q1", "q2"}  # the admin queue (0) is left out
+    assert len(fig.data) == 4
