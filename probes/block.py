@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The block probe: one record per block request, in-kernel log2 histograms, in-flight depth.
+
+Usage (as root):
+    with BlockProbe(BlockOptions(filter_pids=True), pids={1234}, devices={"vda"}) as probe:
+        ...workload...
+    result = probe.result("cold")   # block_io and queue_depth frames, histograms, lost counts
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from probes import frames
+from probes.block_bpf import EVENT_DTYPE, LOST_KEYS, BlockOptions, render
+from probes.collect import RingCollector
+
+
+@dataclass
+class BlockResult:
+    """What one probe session saw, ready for the run directory."""
+
+    block_io: pd.DataFrame
+    queue_depth: pd.DataFrame
+    histograms: dict[str, dict[str, dict[int, int]]]  # kind -> device -> log2(us) slot -> count
+    lost_events: dict[str, int]
+
+
+def resolve_device(name: str, sys_root: Path = Path("/sys")) -> int:
+    """Kernel dev_t of a whole disk named like `vda`, `/dev/loop3` or a partition of one."""
+    node = sys_root / "class" / "block" / Path(name).name
+    if not (node / "dev").exists():
+        raise ValueError(f"device {name!r}: no such block device in {sys_root}/class/block; "
+                         f"pass a disk name such as vda, nvme0n1 or loop0")
+    if (node / "partition").exists():
+        node = node.resolve().parent
+    major, minor = (int(x) for x in (node / "dev").read_text().split(":"))
+    return (major << 20) | minor
+
+
+class BlockProbe:
+    """Attach on start(), detach on stop(); both idempotent. Needs root and bcc."""
+
+    def __init__(self, opts: BlockOptions, *, pids: Iterable[int] | None = None,
+                 devices: Iterable[str] | None = None) -> None:
+        self.pids = sorted(set(pids or ()))
+        self.devs = sorted({resolve_device(d) for d in devices or ()})
+        self.opts = replace(opts, filter_pids=bool(self.pids), filter_devices=bool(self.devs))
+        self._bpf: Any = None
+        self._collector: RingCollector | None = None
+        self._records: Any = None
+        self._open: list[tuple[int, int]] = []
+        self._hists: dict[str, dict[str, dict[int, int]]] = {}
+        self._lost: dict[str, int] = {}
+
+    def start(self) -> "BlockProbe":
+        if self._bpf is not None:
+            return self
+        from bcc import BPF
+
+        bpf = BPF(text=render(self.opts))
+        try:
+            for pid in self.pids:
+                bpf["pids"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+            for dev in self.devs:
+                bpf["devs"][ctypes.c_uint32(dev)] = ctypes.c_uint8(1)
+            self._collector = RingCollector(bpf, {"events": EVENT_DTYPE})
+        except BaseException:
+            bpf.cleanup()
+            raise
+        self._bpf = bpf
+        return self
+
+    def stop(self) -> None:
+        """Detach every program, keeping what was recorded for result()."""
+        if self._bpf is None:
+            return
+        bpf, self._bpf = self._bpf, None
+        try:
+            self._records = self._collector.stop()["events"]
+            bad = self._collector.bad_sizes["events"]
+            self._open = [(int(r.dev), int(r.issue_ns)) for r in bpf["reqs"].values() if r.issue_ns]
+            self._hists = {kind: _histogram(bpf[kind]) for kind in ("queue_us", "service_us")}
+            lost = bpf["lost"]
+            self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
+            self._lost["bad_record_size"] = bad
+        finally:
+            bpf.cleanup()
+
+    def __enter__(self) -> "BlockProbe":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def result(self, phase: str) -> BlockResult:
+        """Tables and counters of the stopped probe."""
+        if self._records is None:
+            raise RuntimeError("BlockProbe.result() needs a started and stopped probe")
+        from_status = self.opts.key == "rq"
+        steps = frames.block_steps(self._records, self._open)
+        named = {kind: {frames.device_name(dev): slots for dev, slots in per_dev.items()}
+                 for kind, per_dev in self._hists.items()}
+        return BlockResult(
+            block_io=frames.block_frame(self._records, phase, from_status=from_status),
+            queue_depth=frames.depth_series(steps, phase),
+            histograms=named,
+            lost_events=dict(self._lost),
+        )
+
+
+def _histogram(table: Any) -> dict[int, dict[int, int]]:
+    """A BPF_HISTOGRAM keyed by {dev, slot} as dev -> slot -> count."""
+    out: dict[int, dict[int, int]] = {}
+    for key, count in table.items():
+        out.setdefault(int(key.dev), {})[int(key.slot)] = int(count.value)
+    return out

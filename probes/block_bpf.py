@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The block probe's kernel side: BPF text and the pure render() that fills its placeholders.
+
+Two keyings share one text. `rq` (best): raw tracepoints keyed by the `struct request *`, paired
+on each CPU with the classic `block_rq_issue` tracepoint for dev/bytes/rwbs (the two fire back to
+back for one call; the pair is checked by sector). `dev_sector`: classic tracepoints only, keyed
+by (dev, sector), for kernels without raw tracepoint support. No kprobes, no hand-written
+tracepoint structs (bcc builds `args` from tracefs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Indexes of the `lost` array, also the manifest's lost_events keys.
+LOST_KEYS = ("ringbuf_full", "unpaired_issue", "map_full")
+
+BPF_TEXT = r"""
+#include <uapi/linux/ptrace.h>
+#include <linux/blk-mq.h>
+
+#define KEY_RQ KEY_RQ_VALUE
+#define FILTER_PIDS FILTER_PIDS_VALUE
+#define FILTER_DEVS FILTER_DEVS_VALUE
+
+#if KEY_RQ
+typedef u64 rqkey_t;
+#else
+typedef struct { u32 dev; u32 pad; u64 sector; } rqkey_t;
+#endif
+
+struct start_t { u64 start_ns; u64 insert_ns; u32 tgid; u32 tid; char comm[16]; };
+struct req_t {
+    u64 start_ns; u64 insert_ns; u64 issue_ns; u64 sector;
+    u32 dev; u32 bytes; u32 tgid; u32 tid; char comm[16]; char rwbs[8]; u32 tracked;
+};
+struct event_t {
+    u64 start_ns; u64 insert_ns; u64 issue_ns; u64 complete_ns; u64 sector;
+    u32 dev; u32 bytes; u32 tgid; u32 tid; s32 error; u32 tracked;
+    char comm[16]; char rwbs[8];
+};
+struct hist_key_t { u32 dev; u32 slot; };
+
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+BPF_TABLE("lru_hash", rqkey_t, struct start_t, starts, MAX_REQUESTS);
+BPF_TABLE("lru_hash", rqkey_t, struct req_t, reqs, MAX_REQUESTS);
+BPF_HASH(pids, u32, u8, 1024);
+BPF_HASH(devs, u32, u8, 64);
+BPF_HISTOGRAM(queue_us, struct hist_key_t, 4096);
+BPF_HISTOGRAM(service_us, struct hist_key_t, 4096);
+BPF_ARRAY(lost, u64, 3);
+
+static inline void count_lost(int index) {
+    u64 *n = lost.lookup(&index);
+    if (n) lock_xadd(n, 1);
+}
+
+static inline void start_request(rqkey_t *key) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (FILTER_PIDS && !pids.lookup(&tgid)) return;
+    struct start_t s = {};
+    s.start_ns = bpf_ktime_get_ns();
+    s.tgid = tgid;
+    s.tid = (u32)id;
+    bpf_get_current_comm(&s.comm, sizeof(s.comm));
+    if (starts.update(key, &s) < 0) count_lost(2);
+}
+
+static inline void insert_request(rqkey_t *key) {
+    struct start_t *s = starts.lookup(key);
+    if (s) s->insert_ns = bpf_ktime_get_ns();
+}
+
+static inline void issue_request(rqkey_t *key, u32 dev, u64 sector, u32 bytes, char *rwbs) {
+    if (FILTER_DEVS && !devs.lookup(&dev)) { starts.delete(key); return; }
+    struct req_t *old = reqs.lookup(key);
+    if (old) { old->issue_ns = bpf_ktime_get_ns(); return; }   /* requeued, issued again */
+    struct req_t r = {};
+    r.issue_ns = bpf_ktime_get_ns();
+    r.dev = dev; r.sector = sector; r.bytes = bytes; r.tracked = !FILTER_PIDS;
+    __builtin_memcpy(r.rwbs, rwbs, sizeof(r.rwbs));
+    struct start_t *s = starts.lookup(key);
+    if (s) {
+        r.start_ns = s->start_ns; r.insert_ns = s->insert_ns; r.tgid = s->tgid; r.tid = s->tid;
+        __builtin_memcpy(r.comm, s->comm, sizeof(r.comm));
+        r.tracked = 1;
+        starts.delete(key);
+    }
+    if (reqs.update(key, &r) < 0) count_lost(2);
+}
+
+static inline void complete_request(rqkey_t *key, s32 error) {
+    struct req_t *r = reqs.lookup(key);
+    if (!r) return;
+    struct event_t e = {};
+    e.complete_ns = bpf_ktime_get_ns();
+    e.start_ns = r->start_ns; e.insert_ns = r->insert_ns; e.issue_ns = r->issue_ns;
+    e.sector = r->sector; e.dev = r->dev; e.bytes = r->bytes; e.tgid = r->tgid; e.tid = r->tid;
+    e.error = error; e.tracked = r->tracked;
+    __builtin_memcpy(e.comm, r->comm, sizeof(e.comm));
+    __builtin_memcpy(e.rwbs, r->rwbs, sizeof(e.rwbs));
+    reqs.delete(key);
+    if (e.tracked) {
+        struct hist_key_t h = {.dev = e.dev};
+        h.slot = bpf_log2l((e.complete_ns - e.issue_ns) / 1000);
+        service_us.atomic_increment(h);
+        if (e.start_ns) {
+            h.slot = bpf_log2l((e.issue_ns - e.start_ns) / 1000);
+            queue_us.atomic_increment(h);
+        }
+    }
+    if (events.ringbuf_output(&e, sizeof(e), 0) < 0) count_lost(0);
+}
+
+#if KEY_RQ
+struct pair_t { u64 rq; u64 rq_sector; u64 tp_sector; u32 dev; u32 bytes; char rwbs[8]; u32 have; };
+BPF_PERCPU_ARRAY(issue_pair, struct pair_t, 1);
+
+/* Both halves of one block_rq_issue call have arrived on this CPU: check and record. */
+static inline void issue_paired(struct pair_t *p) {
+    p->have = 0;
+    if (p->tp_sector && p->tp_sector != p->rq_sector) { count_lost(1); return; }
+    rqkey_t key = p->rq;
+    issue_request(&key, p->dev, p->tp_sector, p->bytes, p->rwbs);
+}
+
+RAW_TRACEPOINT_PROBE(START_TRACEPOINT) {
+    rqkey_t key = ctx->args[0];
+    start_request(&key);
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_insert) {
+    rqkey_t key = ctx->args[0];
+    insert_request(&key);
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_issue) {
+    struct request *rq = (struct request *)ctx->args[0];
+    u32 zero = 0;
+    struct pair_t *p = issue_pair.lookup(&zero);
+    if (!p) return 0;
+    if (p->have & 1) count_lost(1);
+    p->rq = (u64)rq;
+    bpf_probe_read_kernel(&p->rq_sector, sizeof(p->rq_sector), &rq->__sector);
+    p->have |= 1;
+    if (p->have == 3) issue_paired(p);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_issue) {
+    u32 zero = 0;
+    struct pair_t *p = issue_pair.lookup(&zero);
+    if (!p) return 0;
+    if (p->have & 2) count_lost(1);
+    p->dev = args->dev; p->tp_sector = args->sector; p->bytes = args->bytes;
+    bpf_probe_read_kernel(&p->rwbs, sizeof(p->rwbs), args->rwbs);
+    p->have |= 2;
+    if (p->have == 3) issue_paired(p);
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_complete) {
+    struct request *rq = (struct request *)ctx->args[0];
+    u32 remaining = 0;
+    bpf_probe_read_kernel(&remaining, sizeof(remaining), &rq->__data_len);
+    if ((u32)ctx->args[2] < remaining) return 0;   /* partial completion: more to come */
+    rqkey_t key = ctx->args[0];
+    complete_request(&key, -(s32)(u8)ctx->args[1]);   /* blk_status_t, mapped in userspace */
+    return 0;
+}
+#else
+TRACEPOINT_PROBE(block, START_TRACEPOINT) {
+    rqkey_t key = {.dev = args->dev, .sector = args->sector};
+    start_request(&key);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_insert) {
+    rqkey_t key = {.dev = args->dev, .sector = args->sector};
+    insert_request(&key);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_issue) {
+    rqkey_t key = {.dev = args->dev, .sector = args->sector};
+    char rwbs[8] = {};
+    bpf_probe_read_kernel(&rwbs, sizeof(rwbs), args->rwbs);
+    issue_request(&key, args->dev, args->sector, args->bytes, rwbs);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_complete) {
+    rqkey_t key = {.dev = args->dev, .sector = args->sector};
+    complete_request(&key, args->error);   /* already a negative errno */
+    return 0;
+}
+#endif
+"""
+
+# Userspace view of struct event_t (C alignment rules; checked against each record's size).
+EVENT_DTYPE = np.dtype(
+    [
+        ("start_ns", "<u8"), ("insert_ns", "<u8"), ("issue_ns", "<u8"), ("complete_ns", "<u8"),
+        ("sector", "<u8"), ("dev", "<u4"), ("bytes", "<u4"), ("tgid", "<u4"), ("tid", "<u4"),
+        ("error", "<i4"), ("tracked", "<u4"), ("comm", "S16"), ("rwbs", "S8"),
+    ],
+    align=True,
+)
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    """What the block probe attaches to and keeps (filled by detection and the caller)."""
+
+    key: str = "rq"  # "rq" (raw tracepoints, request pointer) or "dev_sector" (classic only)
+    start_tracepoint: str = "block_io_start"  # or "block_getrq" on kernels before 6.5
+    filter_pids: bool = False
+    filter_devices: bool = False
+    ringbuf_pages: int = 1024  # 4 MiB
+    max_requests: int = 16384
+
+
+def render(opts: BlockOptions) -> str:
+    """The exact program loaded for `opts` (also what `kvscope probe --ebpf` prints)."""
+    if opts.key not in ("rq", "dev_sector"):
+        raise ValueError(f"block probe key {opts.key!r}: expected 'rq' or 'dev_sector'")
+    if opts.ringbuf_pages & (opts.ringbuf_pages - 1):
+        raise ValueError(f"ringbuf_pages {opts.ringbuf_pages}: must be a power of two")
+    substitutions = {
+        "KEY_RQ_VALUE": str(int(opts.key == "rq")),
+        "FILTER_PIDS_VALUE": str(int(opts.filter_pids)),
+        "FILTER_DEVS_VALUE": str(int(opts.filter_devices)),
+        "START_TRACEPOINT": opts.start_tracepoint,
+        "RINGBUF_PAGES": str(opts.ringbuf_pages),
+        "MAX_REQUESTS": str(opts.max_requests),
+    }
+    text = BPF_TEXT
+    for placeholder, value in substitutions.items():
+        text = text.replace(placeholder, value)
+    return text

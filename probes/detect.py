@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What this host lets the probes do, found by probing features (never by kernel version).
+
+`detect()` returns either a Plan (which tracepoints and keying to use) or a Fallback naming
+what is missing and how to fix it, so the caller can say so and run the sysfs sampler.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TRACEFS_ROOTS = (Path("/sys/kernel/debug/tracing"), Path("/sys/kernel/tracing"))
+NVME_TRACEPOINTS = ("nvme_setup_cmd", "nvme_complete_rq")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The best BPF set-up available: keying, start event, and whether NVMe can be traced."""
+
+    key: str  # "rq" or "dev_sector"
+    start_tracepoint: str
+    nvme: bool
+    tracepoints: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why BPF cannot run here and what the user should do about it."""
+
+    why: str
+    fix: str
+
+    def message(self) -> str:
+        return (f"kvscope probes: {self.why}; using the /proc/diskstats + /sys/block/*/inflight "
+                f"sampler instead (no per-request rows). To fix: {self.fix}")
+
+
+def _tracefs() -> Path | None:
+    return next((root for root in TRACEFS_ROOTS if (root / "events").is_dir()), None)
+
+
+def _headers_found() -> bool:
+    """bcc's own search order: BCC_KERNEL_SOURCE, /lib/modules/<release>/{source,build}, kheaders."""
+    modules = Path("/lib/modules") / platform.release()
+    candidates = [os.environ.get("BCC_KERNEL_SOURCE", ""), modules / "build", modules / "source"]
+    if any(c and (Path(c) / "include" / "linux" / "kconfig.h").exists() for c in candidates):
+        return True
+    return Path("/sys/kernel/kheaders.tar.xz").exists()
+
+
+def _environment_problem() -> Fallback | None:
+    setup = "run `sudo bash scripts/setup.sh` (it runs scripts/setup.d/bcc.sh)"
+    if os.geteuid() != 0:
+        return Fallback("not running as root (attaching BPF programs needs root)",
+                        "run kvscope as root, e.g. `sudo .venv/bin/kvscope ...`")
+    try:
+        import bcc  # noqa: F401
+    except ImportError as e:
+        return Fallback(f"the bcc Python module cannot be imported ({e})", setup)
+    if _tracefs() is None:
+        return Fallback("tracefs is not mounted", "`mount -t tracefs nodev /sys/kernel/tracing`")
+    if not _headers_found():
+        return Fallback(f"no kernel headers for {platform.release()} (bcc compiles against them)",
+                        f"{setup}; it installs linux-headers-amd64 and links /lib/modules/"
+                        f"{platform.release()}/build")
+    return None
+
+
+def detect() -> Plan | Fallback:
+    """Pick the best tracepoint set this kernel has, or say why there is none."""
+    problem = _environment_problem()
+    if problem is not None:
+        return problem
+    from bcc import BPF
+
+    has = {name: BPF.tracepoint_exists("block", name) for name in
+           ("block_io_start", "block_getrq", "block_rq_insert", "block_rq_issue",
+            "block_rq_complete")}
+    missing = [n for n in ("block_rq_insert", "block_rq_issue", "block_rq_complete") if not has[n]]
+    if missing:
+        return Fallback(f"tracepoints block:{', block:'.join(missing)} are missing",
+                        "use a kernel built with CONFIG_TRACEPOINTS (every distribution kernel "
+                        "is) and check that tracefs lists them under events/block")
+    return _plan(BPF, has)
+
+
+def _plan(bpf: Any, has: dict[str, bool]) -> Plan | Fallback:
+    raw = bpf.support_raw_tracepoint()
+    if raw and has["block_io_start"]:
+        key, start = "rq", "block_io_start"
+    elif has["block_io_start"] or has["block_getrq"]:
+        key, start = "dev_sector", "block_io_start" if has["block_io_start"] else "block_getrq"
+    else:
+        return Fallback("neither block:block_io_start nor block:block_getrq exists",
+                        "use a kernel with block:block_io_start (6.5+) or block:block_getrq")
+    nvme = all(bpf.tracepoint_exists("nvme", n) for n in NVME_TRACEPOINTS)
+    kind = "raw_tp" if key == "rq" else "tp"
+    tracepoints = [f"{kind}:block:{n}" for n in (start, "block_rq_insert", "block_rq_issue",
+                                                 "block_rq_complete")]
+    if key == "rq":
+        tracepoints.append("tp:block:block_rq_issue")
+    if nvme:
+        tracepoints += [f"tp:nvme:{n}" for n in NVME_TRACEPOINTS]
+    return Plan(key=key, start_tracepoint=start, nvme=nvme, tracepoints=tracepoints)

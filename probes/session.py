@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Probe one phase of a run: attach the best probes this host allows, write tables on stop.
+
+    session = probes.session.start(run, "cold", pids={worker_pid})
+    ...phase runs...
+    session.stop()      # or: with probes.session.start(...): ...
+
+BPF failing never breaks the workload: the session says why and falls back to the sysfs
+sampler, and manifest["probes"] records which mode ran (docs/probes.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from kvscope import rundir
+from probes.block import BlockProbe, resolve_device
+from probes.block_bpf import BlockOptions
+from probes.detect import Fallback, Plan, detect
+from probes.nvme import NvmeProbe
+from probes.sampler import InflightSampler, default_devices
+
+log = logging.getLogger("kvscope.probes")
+
+
+class ProbeSession:
+    """Probes running for one phase of one run; stop() detaches and writes (idempotent)."""
+
+    def __init__(self, run: Path, phase: str, pids: list[int], devices: list[str]) -> None:
+        self.run, self.phase, self.pids, self.devices = run, phase, pids, devices
+        self.plan: Plan | None = None
+        self.fallback: Fallback | None = None
+        self.block: BlockProbe | None = None
+        self.nvme: NvmeProbe | None = None
+        self.sampler: InflightSampler | None = None
+        self.started_ns = 0
+        self._stopped = False
+
+    def _start(self) -> None:
+        found = detect()
+        if isinstance(found, Plan):
+            try:
+                self._start_bpf(found)
+            except Exception as e:  # compile or attach failure: never break the workload
+                log.debug("BPF start failed", exc_info=True)
+                found = Fallback(f"the BPF program failed to compile or attach ({e})",
+                                 "see docs/probes.md, 'When BPF fails'; rerun scripts/setup.sh")
+        if isinstance(found, Fallback):
+            self.fallback = found
+            log.warning("%s", found.message())
+            self.sampler = InflightSampler(self.devices or default_devices())
+        self.started_ns = time.monotonic_ns()
+
+    def _start_bpf(self, plan: Plan) -> None:
+        opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint)
+        self.block = BlockProbe(opts, pids=self.pids, devices=self.devices)
+        try:
+            self.block.start()
+            if plan.nvme:
+                self.nvme = NvmeProbe().start()
+        except BaseException:
+            self.block.stop()
+            self.block = None
+            raise
+        self.plan = plan
+
+    def stop(self) -> None:
+        """Detach everything, append this phase's rows and update manifest["probes"]."""
+        if self._stopped:
+            return
+        self._stopped = True
+        ended_ns = time.monotonic_ns()
+        for probe in (self.block, self.nvme):
+            if probe is not None:
+                probe.stop()
+        record: dict[str, Any] = {"started_ns": self.started_ns, "ended_ns": ended_ns}
+        if self.sampler is not None:
+            record.update(self._write_sampler())
+        else:
+            record.update(self._write_bpf())
+        _record_phase(self.run, self.phase, record, self.pids, self.devices)
+
+    def _write_sampler(self) -> dict[str, Any]:
+        depth, diskstats = self.sampler.stop(self.phase)
+        rundir.append_table(self.run, "queue_depth", depth)
+        return {"mode": "fallback-sampler", "tracepoints": [],
+                "why_fallback": self.fallback.message(), "lost_events": {},
+                "rows": {"queue_depth": len(depth)}, "diskstats": diskstats}
+
+    def _write_bpf(self) -> dict[str, Any]:
+        result = self.block.result(self.phase)
+        rundir.append_table(self.run, "block_io", result.block_io)
+        rundir.append_table(self.run, "queue_depth", result.queue_depth)
+        rows = {"block_io": len(result.block_io), "queue_depth": len(result.queue_depth)}
+        lost = dict(result.lost_events)
+        record: dict[str, Any] = {"histograms_log2_us": result.histograms}
+        if self.nvme is not None:
+            nvme_io, nvme_depth, summary = self.nvme.result(self.phase)
+            rundir.append_table(self.run, "nvme_io", nvme_io)
+            rundir.append_table(self.run, "queue_depth", nvme_depth)
+            rows.update(nvme_io=len(nvme_io), queue_depth=rows["queue_depth"] + len(nvme_depth))
+            lost.update(self.nvme.lost_events)
+            record["nvme"] = summary
+        return {"mode": "bpf", "key": self.plan.key, "tracepoints": self.plan.tracepoints,
+                "why_fallback": "", "lost_events": lost, "rows": rows, **record}
+
+    def __enter__(self) -> "ProbeSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _record_phase(run: Path, phase: str, record: dict[str, Any], pids: list[int],
+                  devices: list[str]) -> None:
+    """manifest["probes"]: the latest phase's mode at the top, every phase under `phases`."""
+    section = rundir.read_manifest(run).get("probes") or {"phases": {}}
+    section["phases"][phase] = record
+    section.update(
+        mode=record["mode"], tracepoints=record["tracepoints"],
+        why_fallback=record["why_fallback"], pids=pids, devices=devices,
+        lost_events=sum(sum(p["lost_events"].values()) for p in section["phases"].values()),
+        kernel=platform.release(),
+    )
+    rundir.update_manifest(run, "probes", section)
+
+
+def start(run: Path, phase: str, *, pids: Iterable[int] | None = None,
+          devices: Iterable[str] | None = None) -> ProbeSession:
+    """Attach probes for `phase` of the run at `run` (which must exist); returns quickly (~1 s)."""
+    run = Path(run)
+    rundir.read_manifest(run)  # fail now, not after the phase, if RUN is not a run directory
+    for device in devices or ():
+        resolve_device(device)  # a clear ValueError for a bad name, before any BPF work
+    session = ProbeSession(run, phase, sorted(set(pids or ())), sorted(set(devices or ())))
+    session._start()
+    return session
