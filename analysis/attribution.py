@@ -1,0 +1,158 @@
+"""Per-request TTFT attribution: exact exclusive time per component by a priority sweep.
+
+Each request's window is [arrival_ns, first_token_ns] (client clock, so TTFT is what the user
+saw). Inside it, every elementary stretch of time goes to exactly one component: the
+highest-priority component whose span is open then (DEFAULT_PRIORITY, peers §3.4), or `other`
+when none is. The components therefore sum to TTFT exactly. Time a lower-priority span was
+open under a higher one is `hidden_<component>_ns` (overlap, not lost). Storage-read time is
+split the same way by the request's joined block I/O: device service (issue -> complete) over
+device queue (submit -> issue) over software (everything else in the read). docs/analysis.md
+describes every output column.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis import blockjoin, diagnostics, sweep
+from analysis.run import Run
+from tracer import semconv
+
+COMPONENTS = ("queueing", "kv_lookup", "storage_read", "transfer", "prefill", "other")
+STORAGE_PARTS = ("storage_device_queue", "storage_device_service", "storage_software")
+DEFAULT_PRIORITY = ("prefill", "transfer", "storage_read", "kv_lookup", "queueing")
+SPAN_COMPONENT = {
+    semconv.SPAN_QUEUE: "queueing", semconv.SPAN_KV_LOOKUP: "kv_lookup",
+    semconv.SPAN_STORAGE_READ: "storage_read", semconv.SPAN_KV_TRANSFER: "transfer",
+    semconv.SPAN_PREFILL: "prefill",
+}
+LABELS = ("window", *DEFAULT_PRIORITY[::-1], "device_queue", "device_service")
+CODE = {name: i for i, name in enumerate(LABELS)}
+ID_COLUMNS = ("request_id", "phase", "concurrency", "prompt_index")
+NS_COLUMNS = (
+    "ttft_ns", *(f"{c}_ns" for c in COMPONENTS), *(f"{c}_ns" for c in STORAGE_PARTS),
+    *(f"hidden_{c}_ns" for c in DEFAULT_PRIORITY[::-1]),
+)
+COLUMNS = (*ID_COLUMNS, *NS_COLUMNS, "read_bytes", "block_io_count", "partial", "diagnostics")
+DEFAULT_SKEW_TOLERANCE_NS = 1_000_000
+
+
+def attribute(run: Run, *, priority: tuple[str, ...] = DEFAULT_PRIORITY,
+              skew_tolerance_ns: int = DEFAULT_SKEW_TOLERANCE_NS) -> pd.DataFrame:
+    """One row per request of `run` (COLUMNS); failed requests have <NA> times.
+
+    Args:
+        priority: the five span components, highest first; the rest of the window is `other`.
+        skew_tolerance_ns: how far a span may reach outside its request's window before the
+            request is flagged as having skewed clocks (the excess is clipped either way).
+    """
+    if sorted(priority) != sorted(DEFAULT_PRIORITY):
+        raise ValueError(f"priority must order exactly {sorted(DEFAULT_PRIORITY)}, got {priority}")
+    requests = run.requests.reset_index(drop=True)
+    n = len(requests)
+    key_of = _key_of(requests)
+    spans = _labelled_spans(run.spans, key_of)
+    reads = spans[spans["label"] == CODE["storage_read"]]
+    windows = blockjoin.reader_windows(reads)
+    io = blockjoin.join(windows, run.block_io)
+    arrival = requests["arrival_ns"].to_numpy(np.int64)
+    first = requests["first_token_ns"].to_numpy(np.int64)
+    intervals = _intervals(n, arrival, first, spans, io)
+    outside = _outside(spans, arrival, first, n)
+    starts = np.maximum(intervals["start"], arrival[intervals["key"]])
+    ends = np.minimum(intervals["end"], first[intervals["key"]])
+    segs = sweep.segments(intervals["key"], starts, ends, intervals["label"], len(LABELS))
+    out = _components(segs, n, priority)
+    frame = _frame(requests, out, spans, io)
+    facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, run.request_notes)
+    frame["partial"], frame["diagnostics"] = diagnostics.describe(facts, skew_tolerance_ns,
+                                                                  not run.block_io.empty)
+    return frame
+
+
+def _key_of(requests: pd.DataFrame) -> pd.Series:
+    """request_id -> row position (the first, where an id repeats)."""
+    ids = requests["request_id"].astype(str)
+    return pd.Series(np.arange(len(ids)), index=ids)[~ids.duplicated().to_numpy()]
+
+
+def _labelled_spans(spans: pd.DataFrame, key_of: pd.Series) -> pd.DataFrame:
+    """The component spans with their request's key and label code (others dropped)."""
+    component = spans["name"].map(SPAN_COMPONENT)
+    key = spans["request_id"].map(key_of)
+    kept = spans[component.notna() & key.notna()].copy()
+    kept["key"] = key[kept.index].astype("int64")
+    kept["label"] = component[kept.index].map(CODE).astype("int64")
+    return kept.reset_index(drop=True)
+
+
+def _intervals(n: int, arrival: np.ndarray, first: np.ndarray, spans: pd.DataFrame,
+               io: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Every labelled interval as flat arrays: windows, component spans, device queue/service."""
+    parts = [
+        (np.arange(n), arrival, first, CODE["window"]),
+        (spans["key"].to_numpy(), spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(),
+         spans["label"].to_numpy()),
+        (io["key"].to_numpy(), io["start_ns"].to_numpy(), io["issue_ns"].to_numpy(),
+         CODE["device_queue"]),
+        (io["key"].to_numpy(), io["issue_ns"].to_numpy(), io["complete_ns"].to_numpy(),
+         CODE["device_service"]),
+    ]
+    key = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    label = np.concatenate([np.broadcast_to(p[3], len(p[0])) for p in parts]).astype(np.int64)
+    start = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    end = np.concatenate([p[2] for p in parts]).astype(np.int64)
+    return {"key": key, "start": start, "end": end, "label": label}
+
+
+def _outside(spans: pd.DataFrame, arrival: np.ndarray, first: np.ndarray, n: int) -> np.ndarray:
+    """Per request, the most any of its component spans reaches outside its window (ns)."""
+    key = spans["key"].to_numpy()
+    before = arrival[key] - spans["start_ns"].to_numpy()
+    after = spans["end_ns"].to_numpy() - first[key]
+    reach = np.maximum(np.maximum(before, after), 0)
+    out = np.zeros(n, dtype=np.int64)
+    np.maximum.at(out, key, reach)
+    return out
+
+
+def _components(segs: sweep.Segments, n: int, priority: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Exposed, hidden and storage-split ns per request from the swept segments."""
+    inside = segs.active[:, CODE["window"]]
+    winner = np.full(len(segs.key), -1, dtype=np.int64)
+    for name in priority[::-1]:  # lowest first, so higher priorities overwrite
+        winner[segs.active[:, CODE[name]]] = CODE[name]
+    out = {"ttft": sweep.per_key_sum(segs.key, segs.length, inside, n)}
+    out["other"] = sweep.per_key_sum(segs.key, segs.length, inside & (winner < 0), n)
+    for name in DEFAULT_PRIORITY:
+        won = inside & (winner == CODE[name])
+        covered = inside & segs.active[:, CODE[name]]
+        out[name] = sweep.per_key_sum(segs.key, segs.length, won, n)
+        out[f"hidden_{name}"] = sweep.per_key_sum(segs.key, segs.length, covered & ~won, n)
+    storage = inside & (winner == CODE["storage_read"])
+    service = storage & segs.active[:, CODE["device_service"]]
+    queue = storage & ~service & segs.active[:, CODE["device_queue"]]
+    out["storage_device_service"] = sweep.per_key_sum(segs.key, segs.length, service, n)
+    out["storage_device_queue"] = sweep.per_key_sum(segs.key, segs.length, queue, n)
+    out["storage_software"] = (out["storage_read"] - out["storage_device_service"]
+                               - out["storage_device_queue"])
+    return out
+
+
+def _frame(requests: pd.DataFrame, out: dict[str, np.ndarray], spans: pd.DataFrame,
+           io: pd.DataFrame) -> pd.DataFrame:
+    """The output table; rows of failed requests get <NA> in every time column."""
+    n = len(requests)
+    frame = requests[list(ID_COLUMNS)].copy()
+    failed = ~diagnostics.succeeded(requests)
+    for column in NS_COLUMNS:
+        values = pd.array(out[column.removesuffix("_ns")], dtype="Int64")
+        values[failed] = pd.NA
+        frame[column] = values
+    reads = spans[spans["label"] == CODE["storage_read"]]
+    read_bytes = [a.get(semconv.READ_BYTES, 0) or 0 for a in reads["attributes"]]
+    frame["read_bytes"] = np.bincount(reads["key"].to_numpy(), weights=read_bytes,
+                                      minlength=n).astype(np.int64)
+    frame["block_io_count"] = np.bincount(io["key"].to_numpy(), minlength=n).astype(np.int64)
+    return frame
