@@ -131,14 +131,15 @@ def build_concurrency(attribution: pd.DataFrame) -> go.Figure:
 
 
 def build_percentiles(percentiles: pd.DataFrame) -> go.Figure:
-    """Percentiles per component, runs side by side (one panel per percentile)."""
-    _require(percentiles, ["run", "component", "percentile", "value_ns"], "the percentile view")
+    """Percentiles per component, one panel per percentile, series (run, group) side by side."""
+    _require(percentiles, ["series", "component", "percentile", "value_ns"], "the percentile view")
     if percentiles.empty:
         return empty("analysis reported no percentiles for the selected runs")
     frame = percentiles.assign(ms=percentiles["value_ns"] / 1e6,
-                               run=percentiles["run"].map(text),
+                               series=percentiles["series"].map(text),
                                component=percentiles["component"].map(text))
-    fig = px.bar(frame, x="component", y="ms", color="run", facet_col="percentile",
-                 barmode="group", labels=LABELS,
-                 category_orders={"component": ["ttft", *COMPONENTS]})
+    fig = px.bar(frame, x="component", y="ms", color="series", facet_col="percentile",
+                 barmode="group", labels={**LABELS, "component": ""},
+                 category_orders={"component": list(dict.fromkeys(frame["component"]))})
+    fig.update_xaxes(tickangle=-45)
     return _style(fig, "Percentiles per component")

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 COMMANDS = (
+    "kvscope.commands.dashboard",
     "kvscope.commands.model",
     "kvscope.commands.run",
 )

@@ -48,8 +48,10 @@ def synthetic_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     from analysis import synthetic
 
     root = tmp_path_factory.mktemp("runs")
-    return (synthetic.make_run(root / "serial", n_requests=24, seed=1),
-            synthetic.make_run(root / "parallel", n_requests=24, seed=2))
+    return (synthetic.make_run(root / "serial", n_requests=24, seed=1, concurrency=1,
+                               phases=("warm", "cold")),
+            synthetic.make_run(root / "parallel", n_requests=24, seed=2, concurrency=4,
+                               nvme=True))
 
 
 @pytest.fixture(scope="session")

@@ -89,7 +89,7 @@ def test_concurrency_bars_are_means_per_level():
 
 
 def test_percentiles_in_ms_runs_grouped():
-    pct = pd.DataFrame({"run": ["a", "b"], "component": ["ttft", "ttft"],
+    pct = pd.DataFrame({"series": ["a", "b"], "component": ["ttft", "ttft"],
                         "percentile": ["p50", "p50"], "value_ns": [2e6, 1e6]})
     fig = figures.build_percentiles(pct)
     assert {t.name: list(t.y) for t in fig.data} == {"a": [2.0], "b": [1.0]}

@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Callbacks: connect component ids to the data selectors and figure builders, nothing more.
+
+Each `update_*` is a plain function of the loaded runs and the inputs (tested directly);
+`register` binds them to the app with the runs closed over.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+
+from dashboards import data, figures, ids, timeline
+from dashboards.data import RunData
+
+TRACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def update_ttft_views(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
+                      sort_by: str) -> tuple[go.Figure, go.Figure, go.Figure, html.Table]:
+    """Per-request breakdown, per-concurrency means, percentiles and findings of the selection."""
+    attribution = data.attribution_of(runs, labels, phase)
+    return (figures.build_breakdown(attribution, sort_by=sort_by),
+            figures.build_concurrency(attribution),
+            figures.build_percentiles(data.percentiles_of(runs, labels, phase)),
+            table(data.findings_of(runs, labels), "no findings for the selected runs"))
+
+
+def table(frame: pd.DataFrame, if_empty: str) -> html.Table | html.P:
+    """A plain HTML table; cell values are text nodes, so markup in them is shown, not run."""
+    if frame.empty:
+        return html.P(if_empty, className="hint")
+    head = html.Thead(html.Tr([html.Th(str(c)) for c in frame.columns]))
+    body = html.Tbody([html.Tr([html.Td(str(v)) for v in row])
+                       for row in frame.itertuples(index=False)])
+    return html.Table([head, body], className="table")
+
+
+def update_request_options(runs: dict[str, RunData], labels: list[str] | None,
+                           phase: str | None, clicked: dict | None,
+                           current: str | None) -> tuple[list[dict], str | None]:
+    """Requests to pick from; a click on a bar selects that request, else keep or take the slowest."""
+    options = data.request_options(runs, labels, phase)
+    values = {o["value"] for o in options}
+    if clicked:
+        key = clicked["points"][0]["customdata"][0]
+        return options, key if key in values else no_update
+    if current in values:
+        return options, current
+    return options, options[0]["value"] if options else None
+
+
+def jaeger_link(jaeger_url: str | None, trace_id: str) -> html.A | html.Span:
+    """A link to the trace in Jaeger's UI ({url}/trace/{trace_id}) when one is configured."""
+    if not jaeger_url:
+        return html.Span("start with --jaeger-url to link traces to Jaeger", className="hint")
+    if not TRACE_ID.fullmatch(trace_id):
+        return html.Span("this request has no trace id (tracing was off)", className="hint")
+    return html.A("open trace in Jaeger", href=f"{jaeger_url.rstrip('/')}/trace/{trace_id}",
+                  target="_blank", rel="noopener noreferrer")
+
+
+def _details(view: data.RequestView) -> html.Ul:
+    row = view.row
+    parts = [f"{c.replace('_', ' ')} {row[f'{c}_ns'] / 1e6:.1f}" for c in figures.COMPONENTS]
+    items = [html.Li(f"TTFT {row['ttft_ns'] / 1e6:.1f} ms = " + " + ".join(parts) + " ms")]
+    if row.get("partial"):
+        items.append(html.Li(f"partial: {row.get('diagnostics', '')}"))
+    items += [html.Li(note) for note in view.notes]
+    return html.Ul(items, className="details")
+
+
+def update_request(runs: dict[str, RunData], key: str | None,
+                   jaeger_url: str | None) -> tuple[go.Figure, Any, Any]:
+    """The waterfall, Jaeger link and breakdown text of the selected request."""
+    if not key:
+        return figures.empty("no request selected"), "", ""
+    view = data.request_of(runs, key)
+    title = (f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
+             f"TTFT {view.row['ttft_ns'] / 1e6:.1f} ms")
+    fig = timeline.build_waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
+                                   first_token_ns=view.first_token_ns, title=title)
+    return fig, jaeger_link(jaeger_url, view.trace_id), _details(view)
+
+
+def update_device(runs: dict[str, RunData], labels: list[str] | None) -> go.Figure:
+    depth, reads = data.device_of(runs, labels)
+    return timeline.build_device(depth, reads)
+
+
+def update_nvme(runs: dict[str, RunData], labels: list[str] | None) -> go.Figure:
+    nvme = data.nvme_of(runs, labels)
+    if nvme is None:
+        return figures.empty("none of the selected runs recorded NVMe commands")
+    return timeline.build_nvme(nvme)
+
+
+def download(runs: dict[str, RunData], name: str, labels: list[str] | None,
+             phase: str | None, key: str | None) -> dict:
+    """The named shown table as CSV, from memory; the name picks a table, never a path."""
+    view = data.request_of(runs, key) if key else None
+    frames = {
+        "attribution": lambda: data.attribution_of(runs, labels, phase),
+        "percentiles": lambda: data.percentiles_of(runs, labels, phase),
+        "findings": lambda: data.findings_of(runs, labels),
+        "request spans": lambda: view.spans if view else pd.DataFrame(),
+        "request block I/O": lambda: view.io if view else pd.DataFrame(),
+    }
+    if name not in frames:
+        raise ValueError(f"unknown table {name!r}; one of {list(frames)}")
+    filename = "kvscope-" + name.replace(" ", "-").replace("/", "") + ".csv"
+    return dcc.send_data_frame(frames[name]().to_csv, filename, index=False)
+
+
+def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nvme: bool) -> None:
+    """Bind the update functions to the app's ids, with `runs` closed over."""
+    @app.callback(Output(ids.BREAKDOWN_GRAPH, "figure"), Output(ids.CONCURRENCY_GRAPH, "figure"),
+                  Output(ids.PERCENTILE_GRAPH, "figure"), Output(ids.FINDINGS, "children"),
+                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"), Input(ids.SORT, "value"))
+    def _ttft(labels, phase, sort_by):
+        return update_ttft_views(runs, labels, phase, sort_by)
+
+    @app.callback(Output(ids.REQUEST, "options"), Output(ids.REQUEST, "value"),
+                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"),
+                  Input(ids.BREAKDOWN_GRAPH, "clickData"), State(ids.REQUEST, "value"))
+    def _options(labels, phase, clicked, current):
+        by_click = clicked if ctx.triggered_id == ids.BREAKDOWN_GRAPH else None
+        return update_request_options(runs, labels, phase, by_click, current)
+
+    @app.callback(Output(ids.WATERFALL_GRAPH, "figure"), Output(ids.JAEGER_LINK, "children"),
+                  Output(ids.REQUEST_DETAILS, "children"), Input(ids.REQUEST, "value"))
+    def _request(key):
+        return update_request(runs, key, jaeger_url)
+
+    @app.callback(Output(ids.DEVICE_GRAPH, "figure"), Input(ids.RUNS, "value"))
+    def _device(labels):
+        return update_device(runs, labels)
+
+    if has_nvme:
+        @app.callback(Output(ids.NVME_GRAPH, "figure"), Input(ids.RUNS, "value"))
+        def _nvme(labels):
+            return update_nvme(runs, labels)
+
+    @app.callback(Output(ids.DOWNLOAD, "data"), Input(ids.DOWNLOAD_BUTTON, "n_clicks"),
+                  State(ids.DOWNLOAD_TABLE, "value"), State(ids.RUNS, "value"),
+                  State(ids.PHASE, "value"), State(ids.REQUEST, "value"),
+                  prevent_initial_call=True)
+    def _download(_clicks, name, labels, phase, key):
+        return download(runs, name, labels, phase, key)

@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The loaded runs and the frames each view shows, taken from `analysis` and nothing else.
+
+`load_runs` runs once, in the app factory. The selectors below only filter, label and
+concatenate what analysis produced (a `run` column, a request `key`): no attribution here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+import analysis
+from kvscope import rundir
+
+
+class DashboardError(ValueError):
+    """A run the dashboard cannot show; the message names the run and what to do."""
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run as the dashboard shows it: the analysis Run, its attribution and summary."""
+
+    label: str
+    run: analysis.Run
+    attribution: pd.DataFrame  # analysis.attribute + run, key, arrival_ns, trace_id
+    summary: dict
+
+    @property
+    def kv_device(self) -> str:
+        """The disk holding the KV path (manifest machine.disk_device), else the busiest one."""
+        named = str(self.run.manifest.get("machine", {}).get("disk_device") or "")
+        if named:
+            return Path(named).name
+        reads = self.run.block_io[self.run.block_io["op"] == "R"]
+        return "" if reads.empty else str(reads.groupby("device")["bytes"].sum().idxmax())
+
+
+def request_key(label: str, phase: str, request_id: str) -> str:
+    """The value that names one request of one run in dropdowns and click data."""
+    return json.dumps([label, phase, request_id])
+
+
+def parse_key(key: str) -> tuple[str, str, str]:
+    label, phase, request_id = json.loads(key)
+    return label, phase, request_id
+
+
+def _load_one(path: Path, label: str) -> RunData:
+    try:
+        run = analysis.load_run(path)
+    except (OSError, rundir.RunDirError) as e:
+        raise DashboardError(f"cannot read run {path}: {e}") from None
+    if run.requests.empty:
+        why = "; ".join(run.problems) or "requests.parquet has no rows"
+        raise DashboardError(f"run {path} has no requests to show ({why}); "
+                             "pass a directory written by `kvscope run`")
+    attribution = analysis.attribute(run)
+    summary = analysis.summarize(run, attribution)
+    extra = run.requests[["request_id", "phase", "arrival_ns", "trace_id"]]
+    attribution = attribution.merge(extra, on=["request_id", "phase"], how="left")
+    keys = [request_key(label, p, r) for p, r in zip(attribution["phase"], attribution["request_id"])]
+    return RunData(label, run, attribution.assign(run=label, key=keys), summary)
+
+
+def load_runs(paths: Iterable[str | Path]) -> dict[str, RunData]:
+    """Load and analyse each run once; labels are run ids, made unique by a #n suffix."""
+    runs: dict[str, RunData] = {}
+    for path in map(Path, paths):
+        base = path.resolve().name
+        label = base if base not in runs else f"{base} #{len(runs) + 1}"
+        runs[label] = _load_one(path, label)
+    if not runs:
+        raise DashboardError("no runs given; pass one or more run directories")
+    return runs
+
+
+def _pick(runs: dict[str, RunData], labels: list[str] | None) -> list[RunData]:
+    return [runs[label] for label in (labels or []) if label in runs]
+
+
+def attribution_of(runs: dict[str, RunData], labels: list[str] | None,
+                   phase: str | None = None) -> pd.DataFrame:
+    """The selected runs' per-request attribution, optionally one phase only."""
+    frames = [rd.attribution for rd in _pick(runs, labels)]
+    if not frames:
+        return next(iter(runs.values())).attribution.iloc[0:0]
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame[frame["ttft_ns"].notna()]  # failed requests: counted in findings_of
+    return frame if not phase else frame[frame["phase"] == phase]
+
+
+def percentiles_of(runs: dict[str, RunData], labels: list[str] | None,
+                   phase: str | None = None) -> pd.DataFrame:
+    """summarize()'s per-(phase, concurrency) percentiles, long form, one series per group."""
+    rows = []
+    for rd in _pick(runs, labels):
+        for group in rd.summary.get("groups", []):
+            if phase and group["phase"] != phase:
+                continue
+            series = f"{rd.label} · {group['phase']} c={group['concurrency']}"
+            for component, stats in group["percentiles_ns"].items():
+                rows += [{"run": rd.label, "series": series, "phase": group["phase"],
+                          "concurrency": group["concurrency"], "component": component,
+                          "percentile": name, "value_ns": value}
+                         for name, value in stats.items() if name != "mean"]
+    return pd.DataFrame(rows, columns=["run", "series", "phase", "concurrency", "component",
+                                       "percentile", "value_ns"])
+
+
+def phases(runs: dict[str, RunData]) -> list[str]:
+    return list(dict.fromkeys(p for rd in runs.values() for p in rd.attribution["phase"]))
+
+
+def request_options(runs: dict[str, RunData], labels: list[str] | None,
+                    phase: str | None) -> list[dict[str, str]]:
+    """Dropdown options: every request of the selected runs, slowest first."""
+    frame = attribution_of(runs, labels, phase).sort_values("ttft_ns", ascending=False)
+    return [{"label": f"{run} · {p} · {rid} · {ttft / 1e6:.1f} ms", "value": key}
+            for run, p, rid, ttft, key in zip(frame["run"], frame["phase"], frame["request_id"],
+                                                frame["ttft_ns"], frame["key"])]
+
+
+def findings_of(runs: dict[str, RunData], labels: list[str] | None) -> pd.DataFrame:
+    """Analysis findings (they include the run's data problems), plus failed requests not plotted."""
+    rows = []
+    for rd in _pick(runs, labels):
+        failed = rd.summary.get("requests", {}).get("failed", 0)
+        if failed:
+            rows.append({"run": rd.label, "severity": "data", "finding": "failed-requests",
+                         "message": f"{failed} failed requests have no TTFT and are not plotted"})
+        for f in rd.summary.get("findings", []):
+            rows.append({"run": rd.label, "severity": f.get("severity", ""),
+                         "finding": f.get("id", ""), "message": f.get("message", "")})
+    return pd.DataFrame(rows, columns=["run", "severity", "finding", "message"])
+
+
+def device_of(runs: dict[str, RunData], labels: list[str] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Whole-device depth and completed reads of each selected run's KV disk."""
+    depth, reads = [], []
+    for rd in _pick(runs, labels):
+        q, io = rd.run.queue_depth, rd.run.block_io
+        depth.append(q[(q["device"] == rd.kv_device) & (q["hw_queue"] < 0)].assign(run=rd.label))
+        reads.append(io[(io["device"] == rd.kv_device) & (io["op"] == "R")].assign(run=rd.label))
+    empty = pd.DataFrame(columns=["run", "ts_ns", "inflight", "start_ns", "complete_ns", "bytes"])
+    return (pd.concat(depth, ignore_index=True) if depth else empty,
+            pd.concat(reads, ignore_index=True) if reads else empty)
+
+
+def nvme_of(runs: dict[str, RunData], labels: list[str] | None) -> pd.DataFrame | None:
+    """NVMe commands of the selected runs, or None when none of them recorded any."""
+    frames = [rd.run.nvme_io.assign(run=rd.label) for rd in _pick(runs, labels)
+              if not rd.run.nvme_io.empty]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What the waterfall of one request shows, on the run's monotonic clock."""
+
+    label: str
+    row: dict  # the request's attribution row
+    spans: pd.DataFrame
+    io: pd.DataFrame  # block I/Os on the KV disk that overlap the request
+    depth: pd.DataFrame  # whole-device in-flight depth of the KV disk
+    arrival_ns: int
+    first_token_ns: int
+    trace_id: str
+    notes: list[str]  # what analysis noted about this request's spans
+
+
+def request_of(runs: dict[str, RunData], key: str) -> RequestView:
+    """The spans, overlapping block I/Os and device depth of the request named by `key`."""
+    label, phase, request_id = parse_key(key)
+    rd = runs[label]
+    att, req = rd.attribution, rd.run.requests
+    row = att[(att["phase"] == phase) & (att["request_id"] == request_id)].iloc[0].to_dict()
+    request = req[(req["phase"] == phase) & (req["request_id"] == request_id)].iloc[0]
+    spans = rd.run.spans[rd.run.spans["request_id"] == request_id]
+    if request["trace_id"]:
+        spans = spans[spans["trace_id"] == request["trace_id"]]
+    arrival, first = int(request["arrival_ns"]), int(request["first_token_ns"])
+    end = max(first, int(request["arrival_ns"]), int(spans["end_ns"].max()) if len(spans) else 0)
+    io, q = rd.run.block_io, rd.run.queue_depth
+    io = io[(io["device"] == rd.kv_device) & (io["start_ns"] < end) & (io["complete_ns"] > arrival)]
+    depth = q[(q["device"] == rd.kv_device) & (q["hw_queue"] < 0)]
+    notes = list(rd.run.request_notes.get(request_id, []))
+    return RequestView(label, row, spans, io, depth, arrival, first, str(request["trace_id"]), notes)

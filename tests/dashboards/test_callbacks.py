@@ -1,0 +1,106 @@
+"""Callbacks as plain functions and the served app, on synthetic runs, without a browser."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+
+from dashboards import callbacks, data, ids
+from dashboards.app import create_app
+
+
+def labels(loaded: dict) -> list[str]:
+    return list(loaded)
+
+
+def test_ttft_views_show_every_selected_run(loaded):
+    breakdown, concurrency, percentiles, findings = callbacks.update_ttft_views(
+        loaded, labels(loaded), None, "TTFT")
+    assert {a.text for a in breakdown.layout.annotations} == {"serial", "parallel"}
+    shown = sum(len(t.x) for t in breakdown.data if t.name == "prefill")
+    assert shown == sum(len(rd.attribution) for rd in loaded.values())
+    levels = {x for t in concurrency.data for x in t.x}
+    assert levels == {"warm c=1", "cold c=1", "cold c=4"}
+    assert {t.name for t in percentiles.data} == {"serial · warm c=1", "serial · cold c=1",
+                                                  "parallel · cold c=4"}
+    assert findings.children  # a table, or the sentence saying there are none
+
+
+def test_phase_filter_limits_the_requests(loaded):
+    breakdown, *_ = callbacks.update_ttft_views(loaded, ["serial"], "warm", "arrival")
+    keys = {json.loads(c[0])[1] for t in breakdown.data for c in t.customdata}
+    assert keys == {"warm"}
+
+
+def test_click_on_a_bar_selects_that_request(loaded):
+    options, first = callbacks.update_request_options(loaded, labels(loaded), None, None, None)
+    assert first == options[0]["value"]
+    slowest = max(loaded["parallel"].attribution["ttft_ns"].max(),
+                  loaded["serial"].attribution["ttft_ns"].max())
+    assert f"{slowest / 1e6:.1f} ms" in options[0]["label"]
+    chosen = options[-1]["value"]
+    click = {"points": [{"customdata": [chosen]}]}
+    assert callbacks.update_request_options(loaded, labels(loaded), None, click, first)[1] == chosen
+
+
+def test_request_waterfall_holds_that_requests_spans(loaded):
+    key = loaded["parallel"].attribution["key"].iloc[3]
+    view = data.request_of(loaded, key)
+    fig, link, details = callbacks.update_request(loaded, key, "http://jaeger:16686/")
+    names = {t.name for t in fig.data}
+    assert {"queue", "storage.read", "prefill", "device in-flight"} <= names
+    bars = sum(len(t.x) for t in fig.data if t.type == "bar" and not t.name.startswith("I/O"))
+    assert bars == len(view.spans)
+    assert link.href == f"http://jaeger:16686/trace/{view.trace_id}"
+    assert "TTFT" in details.children[0].children
+
+
+@pytest.mark.parametrize(("url", "trace_id", "expect"), [
+    pytest.param(None, "a" * 32, "--jaeger-url", id="not-configured"),
+    pytest.param("http://j", "", "no trace id", id="tracing-off"),
+    pytest.param("http://j", "<script>", "no trace id", id="not-hex"),
+])
+def test_jaeger_link_only_for_a_real_trace(url, trace_id, expect):
+    assert expect in callbacks.jaeger_link(url, trace_id).children
+
+
+def test_download_sends_the_shown_table_as_csv(loaded):
+    sent = callbacks.download(loaded, "attribution", ["serial"], "cold", None)
+    frame = pd.read_csv(io.StringIO(sent["content"]))
+    assert set(frame["phase"]) == {"cold"} and set(frame["run"]) == {"serial"}
+    assert len(frame) == (loaded["serial"].attribution["phase"] == "cold").sum()
+    with pytest.raises(ValueError, match="unknown table"):
+        callbacks.download(loaded, "../../etc/passwd", ["serial"], None, None)
+
+
+def test_device_and_nvme_views(loaded):
+    device = callbacks.update_device(loaded, labels(loaded))
+    assert {t.name for t in device.data if t.showlegend is not False} == {"serial", "parallel"}
+    nvme = callbacks.update_nvme(loaded, ["parallel"])
+    assert any(t.name.startswith("q") for t in nvme.data)
+    assert "none of the selected runs" in callbacks.update_nvme(loaded, ["serial"]).layout.annotations[0].text
+
+
+def test_served_app_lays_out_every_view_and_serves_no_files(synthetic_runs):
+    client = create_app(synthetic_runs).server.test_client()
+    layout = client.get("/_dash-layout").get_data(as_text=True)
+    for component in (ids.BREAKDOWN_GRAPH, ids.WATERFALL_GRAPH, ids.DEVICE_GRAPH, ids.NVME_GRAPH,
+                      ids.FINDINGS, ids.DOWNLOAD):
+        assert f'"{component}"' in layout
+    manifest = (synthetic_runs[0] / "manifest.json").read_text()[:40]
+    for path in ("/assets/../data.py", "/assets/%2e%2e/data.py", "/_dash-component-suites/../app.py",
+                 f"/{synthetic_runs[0]}/manifest.json", "/_dash-layout/../../etc/passwd"):
+        body = client.get(path).get_data(as_text=True)
+        assert "def load_runs" not in body and "def create_app" not in body
+        assert manifest not in body and "root:x:0:0" not in body
+
+
+def test_unreadable_run_is_a_clear_error(tmp_path):
+    with pytest.raises(data.DashboardError, match=str(tmp_path / "missing")):
+        create_app([tmp_path / "missing"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(data.DashboardError, match="empty"):
+        create_app([tmp_path / "empty"])
