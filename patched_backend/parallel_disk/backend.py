@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ParallelDiskBackend: the LMCache storage plugin (configuration in docs/backend.md).
+
+Loaded by LMCache's ``storage_plugin_launcher`` with its keyword constructor. It owns its own
+path key (``kvscope.path``), so the stock LocalDiskBackend is not created alongside it.
+Both LMCache read paths go through the parallel engine:
+
+* synchronous retrieve: ``batched_get_blocking`` submits all chunks and waits;
+* asynchronous prefetch (``enable_async_loading``): ``batched_get_non_blocking`` submits the
+  reads *when called* and returns a coroutine that only awaits them. StorageManager wraps
+  that coroutine in its global ``AsyncSingleSerializer`` lock, which therefore serialises
+  only the waiting, not the I/O: concurrent requests' reads overlap at the device.
+"""
+
+# Standard
+from typing import Any, Awaitable, Callable, Hashable, List, Optional, Sequence
+import asyncio
+import logging
+import os
+
+# Third Party
+from lmcache.utils import parse_cache_key
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+# First Party
+from patched_backend.parallel_disk import hooks
+from patched_backend.parallel_disk.chunkfile import CorruptChunk
+from patched_backend.parallel_disk.config import DiskConfig, from_extra_config
+from patched_backend.parallel_disk.geometry import EngineGeometry
+from patched_backend.parallel_disk.index import ChunkIndex, Entry
+from patched_backend.parallel_disk.io_engine import IOEngine
+from patched_backend.parallel_disk.reads import ReadPath, Started
+from patched_backend.parallel_disk.recovery import scan
+from patched_backend.parallel_disk.stats import BackendStats
+from patched_backend.parallel_disk.writer import ChunkWriter
+
+logger = logging.getLogger(__name__)
+
+
+class ParallelDiskBackend(StoragePluginInterface):
+    """Disk tier with parallel O_DIRECT sub-chunk reads, verified chunk files, durable index."""
+
+    def __init__(self, dst_device: str = "cpu", config: Any = None, metadata: Any = None,
+                 local_cpu_backend: Any = None, loop: Optional[asyncio.AbstractEventLoop] = None
+                 ) -> None:
+        super().__init__(dst_device=dst_device, config=config, metadata=metadata,
+                         local_cpu_backend=local_cpu_backend, loop=loop)
+        fallback_gb = float(getattr(config, "max_local_disk_size", 0.0) or 0.0)
+        self.settings: DiskConfig = from_extra_config(getattr(config, "extra_config", None),
+                                                      fallback_gb)
+        if getattr(config, "local_disk", None):
+            logger.warning("LMCache local_disk is set too: the stock LocalDiskBackend also "
+                           "stores every chunk; set only kvscope.path for kvscope alone")
+        self.path = self.settings.path
+        os.makedirs(self.path, exist_ok=True)
+        self._geometry = EngineGeometry.from_metadata(metadata)
+        self._stats = BackendStats()
+        self._index = ChunkIndex(self.settings.capacity)
+        self._recover()
+        s = self.settings
+        self._engine = IOEngine(s.effective_queue_depth, s.effective_read_unit,
+                                s.max_inflight_bytes, s.read_delay_ms, s.odirect,
+                                s.verify_checksum)
+        self._reads = ReadPath(self.path, s.mode, self._index, self._engine, self._stats,
+                               local_cpu_backend)
+        self._writer = ChunkWriter(self.path, self._index, self._stats, s.write_threads)
+        hooks.register_backend(self)
+        logger.info("kvscope disk backend at %s: %s, %d chunks (%d bytes) found on disk",
+                    self.path, s, len(self._index), self._index.used_bytes())
+
+    def __str__(self) -> str:
+        return "ParallelDiskBackend"
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges (chunks, used/capacity bytes, reads in flight)."""
+        return self._stats.snapshot(
+            path=self.path, mode=self.settings.mode, chunks=len(self._index),
+            used_bytes=self._index.used_bytes(), capacity_bytes=self.settings.capacity,
+            reads_in_flight=self._engine.pending(), odirect=self._engine.odirect,
+        )
+
+    # -- lookups ---------------------------------------------------------------------------
+    def contains(self, key: Hashable, pin: bool = False) -> bool:
+        hit = self._index.prefix([key], pin) == 1
+        self._stats.add(lookup_hits=int(hit), lookup_misses=int(not hit))
+        return hit
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[Hashable],
+                                     pin: bool = False) -> int:
+        hits = self._index.prefix(list(keys), pin)
+        self._stats.add(lookup_hits=hits, lookup_misses=int(hits < len(keys)))
+        return hits
+
+    def pin(self, key: Hashable) -> bool:
+        return self._index.pin(key, +1)
+
+    def unpin(self, key: Hashable) -> bool:
+        return self._index.pin(key, -1)
+
+    def touch_cache(self) -> None:
+        """LRU order is updated on every served read; nothing is deferred."""
+
+    # -- reads -----------------------------------------------------------------------------
+    def get_blocking(self, key: Hashable) -> Optional[Any]:
+        return self.batched_get_blocking([key])[0]
+
+    def batched_get_blocking(self, keys: List[Hashable]) -> List[Optional[Any]]:
+        started = self._reads.start(list(keys), "sync", hooks.current_request_id(), True)
+        started.batch.wait()
+        return self._reads.settle(started)
+
+    def batched_get_non_blocking(self, lookup_id: str, keys: list[Hashable],
+                                 transfer_spec: Any = None) -> Awaitable[list[Any]]:
+        """Submit the reads now; the returned coroutine waits and yields the served prefix.
+
+        Not ``async def`` on purpose (see the module docstring); the result is awaitable
+        exactly like the abstract method's coroutine.
+        """
+        started = self._reads.start(list(keys), "async", lookup_id, busy_loop=False)
+        return self._await_prefix(started)
+
+    async def _await_prefix(self, started: Started) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        started.batch.add_done_callback(lambda _b: loop.call_soon_threadsafe(_resolve, done))
+        await done
+        served = []
+        for obj in self._reads.settle(started):
+            if obj is None:
+                break
+            obj.pin()  # as the stock backend: the engine unpins after the async retrieve
+            served.append(obj)
+        return served
+
+    # -- writes ----------------------------------------------------------------------------
+    def exists_in_put_tasks(self, key: Hashable) -> bool:
+        return self._writer.pending(key)
+
+    def batched_submit_put_task(self, keys: Sequence[Hashable], objs: List[Any],
+                                transfer_spec: Any = None,
+                                on_complete_callback: Optional[Callable[[Hashable], None]] = None
+                                ) -> None:
+        """Queue the stores (never blocks on disk); skipped stores are counted and logged."""
+        for key, obj in zip(keys, objs, strict=True):
+            header = self._geometry.header_for(key, obj)
+            self._writer.submit(key, header, obj, on_complete_callback)
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait for queued writes (tests, orderly shutdown); False if ``timeout`` expired."""
+        return self._writer.flush(timeout)
+
+    def remove(self, key: Hashable, force: bool = True) -> bool:
+        entry = self._index.remove(key)
+        if entry is None:
+            return False
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            pass
+        return True
+
+    def get_allocator_backend(self) -> Any:
+        return self.local_cpu_backend
+
+    def close(self) -> None:
+        """Finish queued writes and reads, stop the threads."""
+        self._writer.close()
+        self._engine.close()
+
+    # -- start-up --------------------------------------------------------------------------
+    def _recover(self) -> None:
+        result = scan(self.path, self._geometry.owns, self._geometry.mismatch)
+        for path, exc in result.refused:
+            self._report_startup(path, exc)
+        entries = []
+        for found in result.chunks:
+            key = parse_cache_key(found.header.key)
+            entries.append(Entry(key, found.path, found.header, found.file_size, found.identity))
+        for dropped in self._index.add_scanned(entries):
+            os.unlink(dropped.path)
+        if result.temp_files_removed:
+            logger.warning("kvscope disk: removed %d temporary files of dead writers in %s",
+                           result.temp_files_removed, self.path)
+
+    def _report_startup(self, path: str, exc: CorruptChunk) -> None:
+        self._stats.corrupt(exc.reason)
+        logger.warning("kvscope disk: %s refused at start-up (%s), moved aside", path, exc)
+        hooks.emit("on_corrupt", hooks.CorruptEvent(self.path, "", path, exc.reason, str(exc),
+                                                    at_startup=True))
+
+
+def _resolve(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+

@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The backend's knobs, read from LMCache's ``extra_config`` under the ``kvscope.`` prefix.
+
+Kept apart from the backend so a bad value fails with a message naming the key before any
+thread or file is created.
+"""
+
+# Standard
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+import re
+
+PREFIX = "kvscope."
+ALIGN = 4096
+MODES = ("parallel", "serial")
+
+# Defaults chosen from bench/read_path.py on the project's virtio disk (docs/backend.md).
+DEFAULT_READ_UNIT = 4 << 20
+DEFAULT_QUEUE_DEPTH = 16
+DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1 << 10,
+    "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+    "g": 1000**3, "gb": 1000**3, "gib": 1 << 30,
+    "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(key: str, value: Any) -> int:
+    """Bytes from an int or a string such as ``"4MiB"`` / ``"20GB"``; ValueError names the key."""
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: {value!r} is not a size; use bytes or e.g. '4MiB', '20GB'")
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = _SIZE_RE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"{key}: {value!r} is not a size; use bytes or a number with a unit "
+            f"(KiB, MiB, GiB, KB, MB, GB), e.g. '4MiB' or '20GB'"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _parse_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{key}: {value!r} is not a boolean; use true or false")
+
+
+@dataclass(frozen=True)
+class DiskConfig:
+    """Validated knobs. In ``serial`` mode reads go one chunk at a time, one read per chunk."""
+
+    path: str
+    capacity: int
+    mode: str = "parallel"
+    read_unit: int = DEFAULT_READ_UNIT
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    verify_checksum: bool = True
+    odirect: bool = True
+    read_delay_ms: float = 0.0
+    write_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"{PREFIX}mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.read_unit <= 0 or self.read_unit % ALIGN:
+            raise ValueError(
+                f"{PREFIX}read_unit: {self.read_unit} must be a positive multiple of {ALIGN} "
+                "bytes (O_DIRECT alignment), e.g. '4MiB'"
+            )
+        if self.queue_depth < 1:
+            raise ValueError(f"{PREFIX}queue_depth: {self.queue_depth} must be >= 1")
+        if self.max_inflight_bytes < self.read_unit:
+            raise ValueError(
+                f"{PREFIX}max_inflight_bytes: {self.max_inflight_bytes} must be >= "
+                f"{PREFIX}read_unit ({self.read_unit})"
+            )
+        if self.capacity <= 0:
+            raise ValueError(f"{PREFIX}capacity: {self.capacity} must be > 0 bytes")
+        if self.read_delay_ms < 0:
+            raise ValueError(f"{PREFIX}read_delay_ms: {self.read_delay_ms} must be >= 0")
+        if self.write_threads < 1:
+            raise ValueError(f"{PREFIX}write_threads: {self.write_threads} must be >= 1")
+
+    @property
+    def effective_queue_depth(self) -> int:
+        """Reads in flight: ``queue_depth``, or 1 in serial mode."""
+        return 1 if self.mode == "serial" else self.queue_depth
+
+    @property
+    def effective_read_unit(self) -> Optional[int]:
+        """Sub-read size in bytes; None means one read per chunk (serial mode)."""
+        return None if self.mode == "serial" else self.read_unit
+
+
+def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: float = 0.0) -> DiskConfig:
+    """Build a DiskConfig from LMCache's ``extra_config``.
+
+    Args:
+        extra: LMCache ``extra_config`` (flat dotted keys).
+        fallback_capacity_gb: LMCache's ``max_local_disk_size``, used when
+            ``kvscope.capacity`` is absent.
+    """
+    extra = extra or {}
+    path = extra.get(PREFIX + "path")
+    if not path:
+        raise ValueError(
+            f"{PREFIX}path is not set: add extra_config['{PREFIX}path'] = <directory for KV chunk files>"
+        )
+    raw_capacity = extra.get(PREFIX + "capacity")
+    if raw_capacity is None and fallback_capacity_gb <= 0:
+        raise ValueError(
+            f"{PREFIX}capacity is not set: add extra_config['{PREFIX}capacity'], e.g. '20GB' "
+            "(or set LMCache's max_local_disk_size in GB)"
+        )
+    if raw_capacity is None:
+        capacity = int(fallback_capacity_gb * 1024**3)
+    else:
+        capacity = parse_size(PREFIX + "capacity", raw_capacity)
+
+    def size(name: str, default: int) -> int:
+        return parse_size(PREFIX + name, extra.get(PREFIX + name, default))
+
+    def number(name: str, default: float, cast: type) -> Any:
+        value = extra.get(PREFIX + name, default)
+        try:
+            return cast(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{PREFIX}{name}: {value!r} is not a {cast.__name__}") from None
+
+    return DiskConfig(
+        path=str(path),
+        capacity=capacity,
+        mode=str(extra.get(PREFIX + "mode", "parallel")),
+        read_unit=size("read_unit", DEFAULT_READ_UNIT),
+        queue_depth=number("queue_depth", DEFAULT_QUEUE_DEPTH, int),
+        max_inflight_bytes=size("max_inflight_bytes", DEFAULT_MAX_INFLIGHT_BYTES),
+        verify_checksum=_parse_bool(PREFIX + "verify_checksum", extra.get(PREFIX + "verify_checksum", True)),
+        odirect=_parse_bool(PREFIX + "odirect", extra.get(PREFIX + "odirect", True)),
+        read_delay_ms=number("read_delay_ms", 0.0, float),
+        write_threads=number("write_threads", 1, int),
+    )

@@ -1,0 +1,71 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What this engine's chunks look like, to write headers and to refuse foreign chunk files.
+
+A chunk written by another model geometry or dtype must never be served to this engine, even
+if its key matched: the scan checks the header against LMCache's metadata (``kv_shape`` is
+``(num_layers, 2, chunk_size, num_kv_heads, head_size)``; memory objects are ``KV_2LTD``,
+``[2, layers, tokens, kv_heads * head_size]``, or ``[1, ...]`` with MLA).
+"""
+
+# Standard
+from dataclasses import dataclass
+from typing import Any, Optional
+
+# First Party
+from patched_backend.parallel_disk.chunkfile import ChunkHeader
+
+
+@dataclass(frozen=True)
+class EngineGeometry:
+    """This engine's model, rank and KV shape; all None when LMCache gave no metadata."""
+
+    model_name: Optional[str] = None
+    world_size: Optional[int] = None
+    worker_id: Optional[int] = None
+    num_layers: Optional[int] = None
+    chunk_size: Optional[int] = None
+    hidden: Optional[int] = None
+    dtype: Optional[str] = None
+
+    @classmethod
+    def from_metadata(cls, metadata: Any) -> "EngineGeometry":
+        """From ``LMCacheMetadata`` (None -> no checks)."""
+        if metadata is None:
+            return cls()
+        layers, _, chunk, heads, head_size = metadata.kv_shape
+        return cls(metadata.model_name, metadata.world_size, metadata.worker_id, layers, chunk,
+                   heads * head_size, str(metadata.kv_dtype))
+
+    def owns(self, header: ChunkHeader) -> bool:
+        """False for chunks of another model or rank sharing the directory (left alone)."""
+        if self.model_name is None:
+            return True
+        parts = header.key.split("@")
+        return parts[:3] == [self.model_name, str(self.world_size), str(self.worker_id)]
+
+    def mismatch(self, header: ChunkHeader) -> Optional[str]:
+        """Why a chunk of this model cannot be served here, or None when it fits."""
+        if self.num_layers is None or header.fmt != "KV_2LTD" or len(header.shape) != 4:
+            return None
+        if header.dtype != self.dtype:
+            return f"dtype {header.dtype}, engine uses {self.dtype}"
+        _, layers, tokens, hidden = header.shape
+        if layers != self.num_layers or hidden != self.hidden:
+            return (f"shape {list(header.shape)}: {layers} layers x {hidden} hidden, engine has "
+                    f"{self.num_layers} x {self.hidden}")
+        if self.chunk_size is not None and tokens > self.chunk_size:
+            return f"{tokens} tokens per chunk, engine chunk_size is {self.chunk_size}"
+        return None
+
+    def header_for(self, key: Any, obj: Any) -> ChunkHeader:
+        """Header of a chunk about to be written (payload_crc is filled in by the writer)."""
+        positions = obj.metadata.cached_positions
+        geometry = {name: value for name, value in (
+            ("num_layers", self.num_layers), ("chunk_size", self.chunk_size),
+            ("hidden", self.hidden)) if value is not None}
+        return ChunkHeader(
+            key=key.to_string(), shape=tuple(obj.get_shape()), dtype=str(obj.get_dtype()),
+            fmt=obj.get_memory_format().name, payload_len=obj.get_size(), payload_crc=0,
+            cached_positions=None if positions is None else [int(p) for p in positions.tolist()],
+            geometry=geometry,
+        )

@@ -1,0 +1,237 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The read engine: many O_DIRECT sub-reads in flight, completion marks each chunk ready.
+
+Why threads + ``os.preadv``: the GIL is released during the syscall, so ``queue_depth`` reader
+threads keep that many reads in flight at the device, which is what a deep NVMe queue needs.
+All sub-reads of a batch (and of concurrent batches) go into one FIFO queue at once; there is
+no lock held across a read, so concurrent requests never wait on each other's I/O, only on the
+device. A chunk is ready (verified, copied if staged) as soon as its last sub-read lands, while
+later chunks are still being read.
+"""
+
+# Standard
+from typing import Callable, Optional
+import errno
+import logging
+import os
+import queue
+import threading
+import time
+
+# First Party
+from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, checksum, padded
+
+logger = logging.getLogger(__name__)
+
+Identity = tuple[int, int, int]  # st_dev, st_ino, st_size
+
+
+class ChunkRead:
+    """One chunk file read into ``dest`` (aligned, ``padded(payload_len)`` bytes long).
+
+    ``copy_to``, when set, receives the payload after verification (staging-buffer case).
+    """
+
+    def __init__(self, key: str, path: str, payload_len: int, dest: memoryview,
+                 expect_crc: Optional[int], identity: Optional[Identity],
+                 copy_to: Optional[memoryview] = None) -> None:
+        self.key, self.path, self.payload_len = key, path, payload_len
+        self.dest, self.expect_crc, self.identity, self.copy_to = dest, expect_crc, identity, copy_to
+        self.error: Optional[tuple[str, str]] = None
+        self.ready_ns = -1
+        self.fd = -1
+        self._remaining = 0
+        self._lock = threading.Lock()
+
+    def fail(self, reason: str, detail: str) -> None:
+        """Record the first failure; the chunk will be a miss."""
+        with self._lock:
+            if self.error is None:
+                self.error = (reason, detail)
+
+    def _sub_done(self) -> bool:
+        with self._lock:
+            self._remaining -= 1
+            return self._remaining == 0
+
+
+class ReadBatch:
+    """Chunks read together; ``wait()`` or ``add_done_callback`` for the end of all of them."""
+
+    def __init__(self, chunks: list[ChunkRead]) -> None:
+        self.chunks = chunks
+        self.submit_ns = time.monotonic_ns()
+        self.end_ns = -1
+        self.first_ready_ns = -1
+        self.sub_reads = 0
+        self.tids: set[int] = set()
+        self._remaining = len(chunks)
+        self._done = threading.Event()
+        self._callbacks: list[Callable[["ReadBatch"], None]] = []
+        self._lock = threading.Lock()
+        if not chunks:
+            self.end_ns = self.submit_ns
+            self._done.set()
+
+    def wait(self) -> None:
+        """Block until every chunk is done."""
+        self._done.wait()
+
+    def add_done_callback(self, fn: Callable[["ReadBatch"], None]) -> None:
+        """Call ``fn(batch)`` when done (right away if it already is), in the finishing thread."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _chunk_done(self, chunk: ChunkRead) -> None:
+        now = time.monotonic_ns()
+        chunk.ready_ns = now
+        with self._lock:
+            if chunk.error is None and self.first_ready_ns < 0:
+                self.first_ready_ns = now
+            self._remaining -= 1
+            if self._remaining:
+                return
+            self.end_ns = now
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                logger.warning("read batch callback failed", exc_info=True)
+
+
+class IOEngine:
+    """``queue_depth`` reader threads serving one FIFO of sub-reads, bounded in bytes."""
+
+    def __init__(self, queue_depth: int, read_unit: Optional[int], max_inflight_bytes: int,
+                 read_delay_ms: float = 0.0, odirect: bool = True, verify: bool = True) -> None:
+        self.read_unit = read_unit
+        self.odirect = odirect
+        self._verify = verify
+        self._delay_s = read_delay_ms / 1000.0
+        self._max_bytes = max_inflight_bytes
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._inflight_bytes = 0
+        self._pending = 0
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"kvscope-read-{i}", daemon=True)
+            for i in range(queue_depth)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def pending(self) -> int:
+        """Sub-reads queued or running now."""
+        with self._cond:
+            return self._pending
+
+    def sub_reads_for(self, payload_len: int) -> int:
+        """Sub-reads one chunk of ``payload_len`` bytes is split into."""
+        total = padded(payload_len)
+        return -(-total // (self.read_unit or total)) if total else 0
+
+    def submit(self, batch: ReadBatch) -> int:
+        """Open every chunk and queue all their sub-reads; returns sub-reads in flight before."""
+        with self._cond:
+            before = self._pending
+        for chunk in batch.chunks:
+            pieces = self._open_and_plan(chunk)
+            if not pieces:
+                batch._chunk_done(chunk)
+                continue
+            chunk._remaining = len(pieces)
+            batch.sub_reads += len(pieces)
+            with self._cond:
+                self._pending += len(pieces)
+            for offset, view in pieces:
+                self._queue.put((chunk, batch, offset, view))
+        return before
+
+    def close(self) -> None:
+        """Stop the reader threads after the queued reads."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _open_and_plan(self, chunk: ChunkRead) -> list[tuple[int, memoryview]]:
+        try:
+            chunk.fd = self._open(chunk.path)
+            st = os.fstat(chunk.fd)
+        except FileNotFoundError:
+            chunk.fail("missing", f"{chunk.path} is gone")
+            return []
+        except OSError as exc:
+            chunk.fail("io_error", f"open {chunk.path}: {exc}")
+            return []
+        if chunk.identity is not None and (st.st_dev, st.st_ino, st.st_size) != chunk.identity:
+            chunk.fail("replaced", f"{chunk.path} is not the file that was indexed")
+            os.close(chunk.fd)
+            return []
+        total = padded(chunk.payload_len)
+        if total == 0:
+            os.close(chunk.fd)
+            return []
+        unit = self.read_unit or total
+        return [(HEADER_SIZE + off, chunk.dest[off : min(off + unit, total)])
+                for off in range(0, total, unit)]
+
+    def _open(self, path: str) -> int:
+        if self.odirect:
+            try:
+                return os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                logger.warning("O_DIRECT refused by the file system of %s; buffered reads", path)
+                self.odirect = False
+        return os.open(path, os.O_RDONLY)
+
+    def _worker(self) -> None:
+        tid = threading.get_native_id()
+        while (item := self._queue.get()) is not None:
+            chunk, batch, offset, view = item
+            nbytes = len(view)
+            with self._cond:
+                while self._inflight_bytes and self._inflight_bytes + nbytes > self._max_bytes:
+                    self._cond.wait()
+                self._inflight_bytes += nbytes
+            try:
+                if chunk.error is None:
+                    self._read(chunk, view, offset)
+            finally:
+                with self._cond:
+                    self._inflight_bytes -= nbytes
+                    self._pending -= 1
+                    self._cond.notify_all()
+            batch.tids.add(tid)
+            if chunk._sub_done():
+                self._finish(chunk, batch)
+
+    def _read(self, chunk: ChunkRead, view: memoryview, offset: int) -> None:
+        if self._delay_s:
+            time.sleep(self._delay_s)
+        try:
+            while len(view):
+                got = os.preadv(chunk.fd, [view], offset)
+                if got == 0:
+                    chunk.fail("truncated", f"{chunk.path} ends before byte {offset}")
+                    return
+                view, offset = view[got:], offset + got
+        except OSError as exc:
+            chunk.fail("io_error", f"read {chunk.path} at {offset}: {exc}")
+
+    def _finish(self, chunk: ChunkRead, batch: ReadBatch) -> None:
+        os.close(chunk.fd)
+        payload = chunk.dest[: chunk.payload_len]
+        if chunk.error is None and self._verify and chunk.expect_crc is not None:
+            if checksum(payload) != chunk.expect_crc:
+                chunk.fail("checksum", f"{chunk.path}: payload CRC32 mismatch")
+        if chunk.error is None and chunk.copy_to is not None:
+            chunk.copy_to[:] = payload
+        batch._chunk_done(chunk)

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The read path shared by LMCache's synchronous retrieve and its asynchronous prefetch.
+
+``start`` pins the present prefix of the keys, allocates LMCache memory objects, and hands
+every chunk to the I/O engine at once; ``settle`` turns the finished batch into memory
+objects, refusing (miss + report) any chunk that failed its checks. A refused chunk ends the
+served prefix: LMCache only uses a contiguous prefix, so chunks after it are released.
+"""
+
+# Standard
+from dataclasses import dataclass
+from typing import Any, Hashable, Optional
+import logging
+import time
+
+# Third Party
+from lmcache.v1.memory_management import MemoryFormat
+import torch
+
+# First Party
+from patched_backend.parallel_disk import hooks
+from patched_backend.parallel_disk.buffers import direct_view, raw_view, staging_buffer
+from patched_backend.parallel_disk.index import ChunkIndex, Entry
+from patched_backend.parallel_disk.io_engine import ChunkRead, IOEngine, ReadBatch
+from patched_backend.parallel_disk.recovery import quarantine
+from patched_backend.parallel_disk.stats import BackendStats
+
+logger = logging.getLogger(__name__)
+
+# Refusals whose file is moved aside (it is ours and damaged); others just leave the index.
+_QUARANTINE = ("checksum", "truncated")
+
+
+@dataclass
+class Started:
+    """A batch in flight with the memory objects it reads into."""
+
+    keys: list[Hashable]
+    entries: list[Entry]
+    objs: list[Any]
+    batch: ReadBatch
+
+
+class ReadPath:
+    """Issues and settles batches of chunk reads for one backend."""
+
+    def __init__(self, directory: str, mode: str, index: ChunkIndex, engine: IOEngine,
+                 stats: BackendStats, allocator: Any) -> None:
+        self._dir, self._mode, self._index = directory, mode, index
+        self._engine, self._stats, self._allocator = engine, stats, allocator
+
+    def start(self, keys: list[Hashable], kind: str, request_id: Optional[str],
+              busy_loop: bool) -> Started:
+        """Allocate and submit reads for the leading present ``keys``."""
+        entries = self._index.acquire(keys)
+        objs, chunks = [], []
+        for entry in entries:
+            obj = self._allocate(entry, busy_loop)
+            if obj is None:
+                break
+            objs.append(obj)
+            chunks.append(self._chunk_read(entry, obj))
+        self._index.unpin_all(entries[len(objs):])
+        entries = entries[: len(objs)]
+        self._stats.add(read_misses=len(keys) - len(entries))
+        batch = ReadBatch(chunks)
+        submit = self._submit_event(batch, keys, kind, request_id)
+        if submit is not None:
+            batch.add_done_callback(lambda done: _emit_complete(submit, done))
+        self._engine.submit(batch)
+        return Started(list(keys), entries, objs, batch)
+
+    def settle(self, started: Started) -> list[Optional[Any]]:
+        """Memory objects of a finished batch, ``None`` from the first failed chunk on."""
+        results: list[Optional[Any]] = [None] * len(started.keys)
+        served, ok_bytes = [], 0
+        for i, (chunk, entry, obj) in enumerate(
+            zip(started.batch.chunks, started.entries, started.objs, strict=True)
+        ):
+            if chunk.error is None and len(served) == i:
+                _restore_metadata(obj, entry)
+                results[i] = obj
+                served.append(entry.key)
+                ok_bytes += entry.header.payload_len
+                continue
+            if chunk.error is not None:
+                self._refuse(entry, chunk.error)
+            obj.ref_count_down()
+        self._index.unpin_all(started.entries)
+        self._index.touch(served)
+        self._stats.add(read_hits=len(served), read_bytes=ok_bytes, read_batches=1,
+                        read_misses=len(started.entries) - len(served))
+        return results
+
+    def _allocate(self, entry: Entry, busy_loop: bool) -> Optional[Any]:
+        if self._allocator is None:
+            logger.error("kvscope disk: no LMCache CPU allocator in this process (scheduler "
+                         "role?); reads are misses")
+            return None
+        header = entry.header
+        return self._allocator.allocate(
+            torch.Size(header.shape), _dtype(header.dtype), MemoryFormat[header.fmt],
+            busy_loop=busy_loop,
+        )
+
+    def _chunk_read(self, entry: Entry, obj: Any) -> ChunkRead:
+        length = entry.header.payload_len
+        dest = direct_view(obj.data_ptr, obj.get_physical_size(), length)
+        copy_to = None
+        if dest is None:
+            dest, copy_to = staging_buffer(length), raw_view(obj.data_ptr, length)
+        return ChunkRead(entry.header.key, entry.path, length, dest,
+                         entry.header.payload_crc, entry.identity, copy_to)
+
+    def _submit_event(self, batch: ReadBatch, keys: list[Hashable], kind: str,
+                      request_id: Optional[str]) -> Optional[hooks.ReadSubmitEvent]:
+        if not hooks.has_listeners():
+            return None
+        sub_reads = sum(self._engine.sub_reads_for(c.payload_len) for c in batch.chunks)
+        event = hooks.ReadSubmitEvent(
+            batch_id=id(batch), backend_path=self._dir, mode=self._mode, path_kind=kind,
+            request_id=request_id, keys=tuple(c.key for c in batch.chunks),
+            chunk_count=len(batch.chunks), bytes=sum(c.payload_len for c in batch.chunks),
+            sub_reads=sub_reads, inflight_at_submit=self._engine.pending(),
+            submit_ns=batch.submit_ns,
+        )
+        hooks.emit("on_read_submit", event)
+        return event
+
+    def _refuse(self, entry: Entry, error: tuple[str, str]) -> None:
+        reason, detail = error
+        self._index.remove(entry.key, only=entry)
+        if reason in _QUARANTINE:
+            quarantine(entry.path)
+        self._stats.corrupt(reason)
+        logger.warning("kvscope disk: chunk %s refused (%s): %s; counted as a miss",
+                       entry.header.key, reason, detail)
+        hooks.emit("on_corrupt", hooks.CorruptEvent(
+            self._dir, entry.header.key, entry.path, reason, detail, at_startup=False))
+
+
+def _emit_complete(submit: hooks.ReadSubmitEvent, batch: ReadBatch) -> None:
+    failed = tuple(c.key for c in batch.chunks if c.error is not None)
+    ok = [c for c in batch.chunks if c.error is None]
+    hooks.emit("on_read_complete", hooks.ReadCompleteEvent(
+        submit=submit, end_ns=batch.end_ns if batch.end_ns >= 0 else time.monotonic_ns(),
+        ok_chunks=len(ok), ok_bytes=sum(c.payload_len for c in ok), failed_keys=failed,
+        reader_tids=tuple(sorted(batch.tids)), first_chunk_ready_ns=batch.first_ready_ns))
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"chunk header dtype {name!r} is not a torch dtype")
+    return dtype
+
+
+def _restore_metadata(obj: Any, entry: Entry) -> None:
+    positions = entry.header.cached_positions
+    obj.metadata.cached_positions = None if positions is None else torch.tensor(positions)

@@ -1,0 +1,45 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Counters of one backend instance, readable at any time with ``snapshot()``."""
+
+# Standard
+from collections import Counter
+from typing import Any
+import threading
+
+COUNTERS = (
+    "lookup_hits", "lookup_misses",
+    "read_hits", "read_misses", "read_bytes", "read_batches",
+    "stores", "store_bytes", "store_failures", "stores_skipped",
+    "evictions", "evicted_bytes", "corrupt_chunks",
+)
+
+
+class BackendStats:
+    """Thread-safe counters; ``corrupt_by_reason`` splits ``corrupt_chunks``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
+        self._corrupt: Counter[str] = Counter()
+
+    def add(self, **increments: int) -> None:
+        """Add to named counters (names from COUNTERS)."""
+        with self._lock:
+            for name, value in increments.items():
+                if name not in COUNTERS:
+                    raise KeyError(f"unknown counter {name!r}")
+                self._counts[name] += value
+
+    def corrupt(self, reason: str) -> None:
+        """Count one refused chunk file."""
+        with self._lock:
+            self._counts["corrupt_chunks"] += 1
+            self._corrupt[reason] += 1
+
+    def snapshot(self, **gauges: Any) -> dict[str, Any]:
+        """Counters plus the given gauges (chunks, used_bytes, reads_in_flight, ...)."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._counts)
+            out["corrupt_by_reason"] = dict(self._corrupt)
+        out.update(gauges)
+        return out

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers for the backend tests: a real LMCache StorageManager with the kvscope plugin."""
+
+# Standard
+from typing import Any
+
+# Third Party
+import torch
+
+LAYERS, HEADS, HEAD_DIM, CHUNK = 4, 2, 64, 256
+MODEL = "kvscope-test-model"
+
+
+def metadata(layers: int = LAYERS, worker_id: int = 0) -> Any:
+    """LMCacheMetadata of the small test geometry (bf16, 256-token chunks)."""
+    # Third Party
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    return LMCacheMetadata(
+        model_name=MODEL, world_size=1, local_world_size=1, worker_id=worker_id,
+        local_worker_id=worker_id, kv_dtype=torch.bfloat16,
+        kv_shape=(layers, 2, CHUNK, HEADS, HEAD_DIM),
+    )
+
+
+def lmcache_config(path: str, **knobs: Any) -> Any:
+    """LMCacheEngineConfig loading the plugin as ``kvscope`` (no stock disk tier)."""
+    # Third Party
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    engine_keys = {k: knobs.pop(k) for k in list(knobs) if not k.startswith("kvscope.")}
+    extra = {
+        "storage_plugin.kvscope.module_path": "patched_backend.parallel_disk.backend",
+        "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
+        "kvscope.path": path, "kvscope.capacity": "1GiB", **knobs,
+    }
+    return LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=0.5,
+        storage_plugins=["kvscope"], extra_config=extra, **engine_keys,
+    )
+
+
+def key(i: int, worker_id: int = 0) -> Any:
+    """Cache key of chunk ``i``."""
+    # Third Party
+    from lmcache.utils import CacheEngineKey
+
+    return CacheEngineKey(MODEL, 1, worker_id, 0x1000 + i, torch.bfloat16)
+
+
+def kv_tensor(seed: int, layers: int = LAYERS, tokens: int = CHUNK) -> torch.Tensor:
+    """Deterministic KV_2LTD chunk ``[2, layers, tokens, heads*head_dim]`` (bf16)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(2, layers, tokens, HEADS * HEAD_DIM, generator=gen).to(torch.bfloat16)
+
+
+class Harness:
+    """One StorageManager with the plugin; ``put``/``get`` speak in chunk indices."""
+
+    def __init__(self, path: str, layers: int = LAYERS, **knobs: Any) -> None:
+        # Third Party
+        from lmcache.v1.event_manager import EventManager
+        from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+        self.manager = StorageManager(lmcache_config(path, **knobs), metadata(layers),
+                                      EventManager())
+        assert "kvscope" in self.manager.storage_backends, "plugin did not load"
+        self.backend = self.manager.storage_backends["kvscope"]
+
+    def put(self, indices: list[int], tokens: int = CHUNK) -> None:
+        objs = []
+        for i in indices:
+            data = kv_tensor(i, tokens=tokens)
+            obj = self.manager.allocate(data.shape, data.dtype)
+            obj.tensor.copy_(data)
+            objs.append(obj)
+        self.manager.batched_put([key(i) for i in indices], objs, location="kvscope")
+        assert self.backend.flush(timeout=60)
+
+    def get(self, indices: list[int]) -> list[Any]:
+        return self.manager.batched_get([key(i) for i in indices], location="kvscope")
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def assert_exact(objs: list[Any], indices: list[int], tokens: int = CHUNK) -> None:
+    """Every object holds exactly the KV written for its index; releases them."""
+    assert len(objs) == len(indices)
+    for obj, i in zip(objs, indices, strict=True):
+        assert obj is not None, f"chunk {i} missing"
+        assert torch.equal(obj.tensor, kv_tensor(i, tokens=tokens)), f"chunk {i} differs"
+        obj.ref_count_down()
