@@ -14,7 +14,7 @@ Finding = dict[str, str]
 def find(run: Run, attribution: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
     """Every finding for the run, most severe first."""
     found: list[Finding] = []
-    for rule in (_input_problems, _partial_rows):
+    for rule in (_input_problems, _partial_rows, _unmatched_spans):
         found += rule(run, attribution, summary)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f["severity"]])
@@ -39,3 +39,13 @@ def _partial_rows(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Fi
     listed = "; ".join(f"{count} x {reason}" for reason, count in top.items())
     return [_finding("partial", "warning", f"{int(partial.sum())} of {len(attribution)} requests "
                      f"have partial attributions, left out of the percentiles: {listed}")]
+
+
+def _unmatched_spans(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    unknown = ~run.spans["request_id"].isin(run.requests["request_id"].astype(str))
+    if not unknown.any():
+        return []
+    ids = run.spans.loc[unknown, "request_id"].unique()
+    return [_finding("unmatched-spans", "warning", f"{int(unknown.sum())} spans name "
+                     f"{len(ids)} request ids that requests.parquet lacks (e.g. {ids[0]!r}); "
+                     "they are not attributed")]

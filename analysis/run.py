@@ -16,7 +16,6 @@ _WHY_MISSING = {
     "requests": "nothing to attribute: the workload driver wrote no requests",
     "block_io": "storage read cannot be split into device queue / service / software",
     "queue_depth": "no queue-depth distribution or Little's-law check",
-    "nvme_io": "no NVMe command detail (expected on hosts without NVMe)",
 }
 
 
@@ -80,7 +79,7 @@ def _manifest(path: Path, problems: list[str]) -> dict[str, Any]:
 def _table(path: Path, name: str, problems: list[str]) -> pd.DataFrame:
     frame = rundir.read_table(path, name)
     if frame is None:
-        if name != "requests":  # validate() reports a missing requests table itself
+        if name not in ("requests", "nvme_io"):  # validate() reports requests; NVMe is optional
             problems.append(f"{rundir.TABLES[name].file} is missing: {_WHY_MISSING[name]}")
         return empty_table(name)
     if any(c not in frame.columns for c in rundir.TABLES[name].columns):
@@ -108,11 +107,16 @@ def _clean_spans(spans: pd.DataFrame, problems: list[str]) -> tuple[pd.DataFrame
         problems.append(f"{orphans} spans carry no kvscope.request_id and share no trace with one "
                         "that does; they are ignored")
     repeated = spans.duplicated(["trace_id", "span_id"], keep="first")
+    copies = spans.duplicated(["trace_id", "span_id", "name", "start_ns", "end_ns"], keep="first")
+    if copies.any():
+        problems.append(f"{int(copies.sum())} spans are exact copies of earlier ones (exported "
+                        "twice?); the copies are dropped")
     notes: dict[str, list[str]] = {}
-    if repeated.any():
-        problems.append(f"{int(repeated.sum())} spans repeat a (trace_id, span_id) already seen "
-                        "(exported twice?); the first copy of each is kept")
-        for rid, count in spans[repeated].groupby("request_id").size().items():
-            notes[str(rid)] = [f"{count} duplicate span ids dropped"]
+    clashes = repeated & ~copies
+    if clashes.any():
+        problems.append(f"{int(clashes.sum())} spans reuse a (trace_id, span_id) with different "
+                        "contents; the first is kept and their requests are marked partial")
+        for rid, count in spans[clashes].groupby("request_id").size().items():
+            notes[str(rid)] = [f"{count} spans reuse another span's id; the first was kept"]
     kept = spans[~repeated & spans["request_id"].notna()].reset_index(drop=True)
     return kept, notes
