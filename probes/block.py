@@ -63,12 +63,12 @@ class BlockProbe:
             return self
         from bcc import BPF
 
-        bpf = BPF(text=render(self.opts))
+        bpf = BPF(text=render(self.opts).encode())
         try:
             for pid in self.pids:
-                bpf["pids"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+                bpf[b"pids"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
             for dev in self.devs:
-                bpf["devs"][ctypes.c_uint32(dev)] = ctypes.c_uint8(1)
+                bpf[b"devs"][ctypes.c_uint32(dev)] = ctypes.c_uint8(1)
             self._collector = RingCollector(bpf, {"events": EVENT_DTYPE})
         except BaseException:
             bpf.cleanup()
@@ -84,13 +84,17 @@ class BlockProbe:
         try:
             self._records = self._collector.stop()["events"]
             bad = self._collector.bad_sizes["events"]
-            self._open = [(int(r.dev), int(r.issue_ns)) for r in bpf["reqs"].values() if r.issue_ns]
-            self._hists = {kind: _histogram(bpf[kind]) for kind in ("queue_us", "service_us")}
-            lost = bpf["lost"]
+            self._open = [(int(r.dev), int(r.issue_ns)) for r in bpf[b"reqs"].values() if r.issue_ns]
+            self._hists = {kind: _histogram(bpf[kind.encode()]) for kind in ("queue_us", "service_us")}
+            lost = bpf[b"lost"]
             self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
             self._lost["bad_record_size"] = bad
         finally:
             bpf.cleanup()
+
+    def program_ids(self) -> list[int]:
+        """Kernel ids of the loaded programs (`bpftool prog show id N`), to check detaching."""
+        return program_ids(self._bpf)
 
     def __enter__(self) -> "BlockProbe":
         return self.start()
@@ -112,6 +116,18 @@ class BlockProbe:
             histograms=named,
             lost_events=dict(self._lost),
         )
+
+
+def program_ids(bpf: Any) -> list[int]:
+    """Ids of the programs a bcc BPF object loaded, read from /proc/self/fdinfo of their fds."""
+    if bpf is None:
+        return []
+    ids = []
+    for fn in bpf.funcs.values():
+        for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines():
+            if line.startswith("prog_id:"):
+                ids.append(int(line.split()[1]))
+    return sorted(ids)
 
 
 def _histogram(table: Any) -> dict[int, dict[int, int]]:

@@ -25,7 +25,7 @@ class RingCollector:
         self.bad_sizes: dict[str, int] = {name: 0 for name in dtypes}
         self._stop = threading.Event()
         for name in dtypes:
-            bpf[name].open_ring_buffer(self._callback(name))
+            bpf[name.encode()].open_ring_buffer(self._callback(name))
         self._thread = threading.Thread(target=self._loop, name="kvscope-probe-poll", daemon=True)
         self._thread.start()
 

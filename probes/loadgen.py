@@ -19,8 +19,8 @@ from pathlib import Path
 
 
 def make_file(path: Path, size_bytes: int) -> None:
-    """A file of real (non-sparse) data blocks, flushed to the device."""
-    if path.exists() and path.stat().st_size >= size_bytes:
+    """A file of real (non-sparse) data blocks, flushed to the device; block devices are kept."""
+    if path.is_block_device() or (path.exists() and path.stat().st_size >= size_bytes):
         return
     with open(path, "wb") as f:
         for _ in range(0, size_bytes, 1 << 20):
@@ -35,12 +35,13 @@ def read_direct(path: Path, *, count: int, size: int, depth: int,
 
     Returns the number of reads done. Offsets cycle through the file with a one-block gap.
     """
-    slots = os.path.getsize(path) // (2 * size)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    slots = os.lseek(fd, 0, os.SEEK_END) // (2 * size)  # works for files and block devices
     if slots < 1:
+        os.close(fd)
         raise ValueError(f"{path} is smaller than two blocks of {size} bytes; make it larger")
     deadline = None if duration_s is None else time.monotonic() + duration_s
     done = [0] * depth
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
 
     def worker(first: int) -> None:
         buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs

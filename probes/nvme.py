@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from probes import frames
+from probes.block import program_ids
 from probes.collect import RingCollector
 from probes.nvme_bpf import COMPLETE, NVME_DTYPE, SETUP, NvmeOptions, render
 
@@ -139,7 +140,7 @@ class NvmeProbe:
         if self._bpf is None:
             from bcc import BPF
 
-            self._bpf = BPF(text=render(self.opts))
+            self._bpf = BPF(text=render(self.opts).encode())
             self._collector = RingCollector(self._bpf, {"nvme_events": NVME_DTYPE})
         return self
 
@@ -149,10 +150,13 @@ class NvmeProbe:
         bpf, self._bpf = self._bpf, None
         try:
             self._records = self._collector.stop()["nvme_events"]
-            self.lost_events = {"nvme_ringbuf_full": int(bpf["nvme_lost"][0].value),
+            self.lost_events = {"nvme_ringbuf_full": int(bpf[b"nvme_lost"][0].value),
                                 "nvme_bad_record_size": self._collector.bad_sizes["nvme_events"]}
         finally:
             bpf.cleanup()
+
+    def program_ids(self) -> list[int]:
+        return program_ids(self._bpf)
 
     def __enter__(self) -> "NvmeProbe":
         return self.start()

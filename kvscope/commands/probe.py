@@ -1,0 +1,111 @@
+"""`kvscope probe --out RUN`: block / NVMe probes on their own, until --duration or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """examples:
+  kvscope probe --out runs/p1 --duration 10            # every disk for 10 s
+  kvscope probe --out runs/p1 -p 4242 -d nvme0n1       # one process on one disk, until Ctrl-C
+  kvscope probe --out runs/p1 --phase cold --pid 4242  # add a phase to an existing run
+  kvscope probe --out runs/p1 --ebpf                   # print the BPF program and exit
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "probe", help="record block / NVMe requests with eBPF (or the sysfs fallback)",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", required=True, type=Path,
+                        help="run directory: an existing run gets the phase added, a new "
+                        "directory becomes a probe-only run")
+    parser.add_argument("-p", "--pid", type=int, action="append", default=[],
+                        help="keep only I/O submitted by this process (tgid); repeatable")
+    parser.add_argument("-d", "--device", action="append", default=[],
+                        help="keep only this disk (vda, nvme0n1, loop0); repeatable")
+    parser.add_argument("--duration", type=float, help="seconds to record (default: until "
+                        "SIGINT/SIGTERM)")
+    parser.add_argument("--phase", default="probe", help="phase name for the rows (default probe)")
+    parser.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ebpf:
+        return _print_ebpf(args)
+    from kvscope import rundir
+    from probes import session
+
+    probe_only = not (args.out / rundir.MANIFEST).exists()
+    if probe_only:
+        rundir.create(args.out, _probe_only_manifest(args))
+    done = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        probes = session.start(args.out, args.phase, pids=args.pid, devices=args.device)
+        mode = "BPF" if probes.plan else "fallback sampler"
+        print(f"kvscope probe: recording ({mode}) into {args.out}; Ctrl-C to stop", file=sys.stderr)
+        done.wait(args.duration)
+        probes.stop()
+        if probe_only:
+            rundir.update_manifest(args.out, "phases", [{
+                "name": args.phase, "started_ns": probes.started_ns,
+                "ended_ns": time.monotonic_ns()}])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    manifest = rundir.read_manifest(args.out)["probes"]
+    rows = manifest["phases"][args.phase]["rows"]
+    print(f"kvscope probe: mode {manifest['mode']}, rows {rows}, lost events "
+          f"{manifest['lost_events']}")
+    return 0
+
+
+def _print_ebpf(args: argparse.Namespace) -> int:
+    from probes.block_bpf import BlockOptions, render
+    from probes.detect import Plan, detect
+
+    plan = detect()
+    opts = BlockOptions(filter_pids=bool(args.pid), filter_devices=bool(args.device))
+    if isinstance(plan, Plan):
+        opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint,
+                            filter_pids=opts.filter_pids, filter_devices=opts.filter_devices)
+    print(render(opts))
+    return 0
+
+
+def _probe_only_manifest(args: argparse.Namespace) -> dict[str, Any]:
+    """The schema's required keys, filled with what a probe-only run knows (docs/probes.md)."""
+    import kvscope
+    from kvscope.clock import measure_offset
+
+    clock = measure_offset()
+    return {
+        "run_id": args.out.resolve().name,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": ["kvscope", *sys.argv[1:]],
+        "model": {}, "backend": {}, "server": {},
+        "workload": {"phases": [args.phase], "probe_only": True},
+        "machine": {"hostname": socket.gethostname(), "kernel": platform.release(),
+                    "cpus": os.cpu_count(), "memory_bytes": _memory_bytes(),
+                    "disk_device": ",".join(args.device), "user": getpass.getuser()},
+        "versions": {"kvscope": kvscope.__version__, "python": platform.python_version()},
+        "clock": {"offset_ns": clock.offset_ns, "uncertainty_ns": clock.uncertainty_ns},
+        "phases": [],
+    }
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Fixtures for the probe tests: run directories, a data file on the root disk, a loop device,
+and a known O_DIRECT workload running in its own process (so a pid filter can single it out)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from kvscope import rundir
+from probes.loadgen import make_file
+from probes.nvme_bpf import NVME_DTYPE
+
+DATA = Path(__file__).parent / "data"
+SCRATCH = Path("/var/tmp/kvscope-probe-tests")  # on the root disk (/tmp could be tmpfs)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return rundir.create(tmp_path / "run", {"run_id": "probe-test"})
+
+
+@pytest.fixture(scope="session")
+def data_file() -> Iterator[Path]:
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    path = SCRATCH / f"data-{os.getpid()}.bin"
+    make_file(path, 32 << 20)
+    yield path
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def loop_device(data_file: Path) -> Iterator[Path]:
+    """A loop device over a copy of the data file, detached afterwards."""
+    backing = SCRATCH / f"loop-{os.getpid()}.bin"
+    make_file(backing, 32 << 20)
+    dev = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", str(backing)],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        yield Path(dev)
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=True)
+        backing.unlink(missing_ok=True)
+
+
+class Workload:
+    """probes.loadgen in a child process, held at 'ready' until go() so probes attach first."""
+
+    def __init__(self, path: Path, *, count: int, size: int, depth: int) -> None:
+        self.count, self.size, self.depth = count, size, depth
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "probes.loadgen", str(path), "--count", str(count),
+             "--size", str(size), "--depth", str(depth), "--ready"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout.readline().strip() == "ready"
+        self.pid = self.proc.pid
+
+    def go(self) -> int:
+        """Release the reads and return how many completed."""
+        out, _ = self.proc.communicate("\n", timeout=120)
+        assert self.proc.returncode == 0
+        return int(out.split()[-1])
+
+
+@pytest.fixture
+def workload() -> type[Workload]:
+    return Workload
+
+
+def recorded_nvme_records(name: str) -> np.ndarray:
+    """Recorded nvme tracepoint events (JSON lines) as the NVMe probe's ring-buffer records."""
+    lines = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+    records = np.zeros(len(lines), dtype=NVME_DTYPE)
+    for i, event in enumerate(lines):
+        for field in ("ts_ns", "kind", "ctrl_id", "qid", "cid", "opcode", "fctype", "nsid",
+                      "status"):
+            records[i][field] = event.get(field, 0)
+        records[i]["cdw10"] = np.frombuffer(bytes.fromhex(event.get("cdw10", "00" * 24)), "u1")
+        records[i]["disk"] = event.get("disk", "").encode()
+    return records
