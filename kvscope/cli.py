@@ -14,6 +14,7 @@ import sys
 COMMANDS = (
     "kvscope.commands.dashboard",
     "kvscope.commands.model",
+    "kvscope.commands.probe",
     "kvscope.commands.run",
 )
 
