@@ -3,8 +3,84 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+EXAMPLES = """examples:
+  kvscope run                                   # qwen2.5-32b twin, stock backend, warm + cold
+  kvscope run --profile stock-serial --concurrency 1,8,16 --requests 16
+  kvscope run --model tiny --requests 4 --prompt-tokens 512 --out runs/smoke
+"""
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected e.g. 1,8,16, got {text!r}") from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("run", help="run a warm/cold workload against a live server")
-    parser.set_defaults(func=lambda args: 2)
+    from kvscope.workload.runner import RunOptions
+
+    defaults = RunOptions(out=Path("."))
+    p = subparsers.add_parser(
+        "run", help="run a warm/cold workload against a live vLLM + LMCache server",
+        description="Start vLLM with LMCache on a backend profile, send streaming requests in a "
+        "warm phase (compute and store) and cold phases (page cache dropped, KV read from disk), "
+        "and write a run directory (docs/run-directory.md).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", type=Path, help="run directory to create (default runs/<time>-<profile>)")
+    p.add_argument("--model", default=defaults.model, help="twin name (kvscope model list)")
+    p.add_argument("--models-dir", type=Path, default=defaults.models_dir)
+    p.add_argument("--profile", default=defaults.profile,
+                   help="backend profile: stock-serial, stock, kvscope, kvscope-serial")
+    p.add_argument("--requests", type=int, default=defaults.requests, help="prompts per phase")
+    p.add_argument("--concurrency", type=_levels, default=defaults.concurrency,
+                   help="requests in flight; a list runs one cold phase per level (1,8,16)")
+    p.add_argument("--prompt-tokens", type=int, default=defaults.prompt_tokens)
+    p.add_argument("--shared-prefix-tokens", type=int, default=0,
+                   help="tokens every prompt shares at its start (default: unique prompts)")
+    p.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    p.add_argument("--phases", default="warm,cold", help="warm and/or cold, in order")
+    p.add_argument("--kv-dir", type=Path, help="where LMCache keeps chunks (default /var/tmp/kvscope)")
+    p.add_argument("--keep-kv", action="store_true", help="keep the chunk files after the run")
+    p.add_argument("--host", default=defaults.host)
+    p.add_argument("--port", type=int, default=defaults.port)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--kv-cache-gib", type=int, help="vLLM CPU KV cache size (default: sized to fit)")
+    p.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace):
+    from kvscope.workload.runner import RunOptions
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return RunOptions(
+        out=args.out or Path("runs") / f"{stamp}-{args.profile}",
+        model=args.model, models_dir=args.models_dir, profile=args.profile,
+        requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
+        shared_prefix_tokens=args.shared_prefix_tokens, max_tokens=args.max_tokens,
+        phases=[p for p in args.phases.split(",") if p], kv_dir=args.kv_dir,
+        keep_kv=args.keep_kv, host=args.host, port=args.port, seed=args.seed,
+        kv_cache_gib=args.kv_cache_gib, command=sys.argv,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvscope.workload import report
+    from kvscope.workload.runner import execute
+    from kvscope.workload.server import ServerError
+    from kvscope.workload.system import HostError
+
+    opts = options_from_args(args)
+    try:
+        path = execute(opts)
+    except (ValueError, HostError, ServerError, FileExistsError) as e:
+        print(f"kvscope run: error: {e}", file=sys.stderr)
+        return 2
+    print(report.phase_table(path))
+    print(f"\nrun directory: {path}")
+    return 0

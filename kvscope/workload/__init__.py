@@ -1,0 +1,1 @@
+"""The workload driver behind `kvscope run`: server, prompts, client, phases."""

@@ -1,0 +1,71 @@
+"""Backend profiles: how LMCache stores and reads KV for one run, by name.
+
+Every profile shares the settings that make a cold phase honest: 256-token chunks, a stable
+chunk hash (scheduler and worker are separate processes), no CPU tier to serve hits from memory,
+and recompute (not failure) when a chunk cannot be loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+COMMON: dict[str, Any] = {
+    "chunk_size": 256,
+    "save_unfull_chunk": False,
+    "pre_caching_hash_algorithm": "sha256_cbor",
+    "local_cpu": False,
+    "max_local_cpu_size": 2,  # staging allocator only: with local_cpu off it serves no hits
+}
+
+KV_TRANSFER_CONFIG: dict[str, Any] = {
+    "kv_connector": "LMCacheConnectorV1",
+    "kv_role": "kv_both",
+    "kv_load_failure_policy": "recompute",
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named LMCache configuration, built for a KV directory."""
+
+    name: str
+    summary: str
+    build: Callable[[Path], dict[str, Any]] = field(repr=False)
+
+    def lmcache_config(self, kv_dir: Path) -> dict[str, Any]:
+        return {**COMMON, **self.build(Path(kv_dir))}
+
+
+def _stock(threads: int | None) -> Callable[[Path], dict[str, Any]]:
+    def build(kv_dir: Path) -> dict[str, Any]:
+        config: dict[str, Any] = {"local_disk": f"file://{kv_dir}", "max_local_disk_size": 64}
+        if threads is not None:
+            config["extra_config"] = {"disk_io_threads": threads}
+        return config
+
+    return build
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile("stock-serial", "LMCache's stock disk backend with one read thread", _stock(1)),
+        Profile("stock", "LMCache's stock disk backend with its defaults", _stock(None)),
+    )
+}
+
+
+def register(profile: Profile) -> None:
+    """Add a profile (the parallel-read backend registers `kvscope` and `kvscope-serial`)."""
+    PROFILES[profile.name] = profile
+
+
+def get(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown backend profile {name!r}; choose one of: {', '.join(PROFILES)}"
+        ) from None

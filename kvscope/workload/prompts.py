@@ -1,0 +1,25 @@
+"""Deterministic prompts made of the twins' one-word-per-token vocabulary."""
+
+from __future__ import annotations
+
+import random
+
+from kvscope import twins
+
+
+def make_prompts(
+    count: int, tokens: int, *, vocab_size: int, seed: int, shared_prefix_tokens: int = 0
+) -> list[str]:
+    """`count` prompts of exactly `tokens` tokens; the first `shared_prefix_tokens` are shared."""
+    if not 0 <= shared_prefix_tokens <= tokens:
+        raise ValueError(
+            f"shared prefix of {shared_prefix_tokens} tokens does not fit prompts of {tokens}"
+        )
+    first = len(twins.SPECIAL_TOKENS)
+    rng = random.Random(seed)
+    prefix = [rng.randrange(first, vocab_size) for _ in range(shared_prefix_tokens)]
+    prompts = []
+    for _ in range(count):
+        rest = [rng.randrange(first, vocab_size) for _ in range(tokens - shared_prefix_tokens)]
+        prompts.append(" ".join(twins.word(t) for t in prefix + rest))
+    return prompts

