@@ -12,10 +12,14 @@ import importlib
 import sys
 
 COMMANDS = (
+    "kvscope.commands.analyze",
+    "kvscope.commands.check",
+    "kvscope.commands.compare",
     "kvscope.commands.dashboard",
     "kvscope.commands.model",
     "kvscope.commands.probe",
     "kvscope.commands.run",
+    "kvscope.commands.whatif",
 )
 
 

@@ -1,0 +1,109 @@
+"""The human report of `kvscope analyze`: report.md with PNG plots in RUN/plots/.
+
+The only module of the package that draws; it reads the attribution and summary it is given
+and never recomputes them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.attribution import COMPONENTS, STORAGE_PARTS
+
+
+def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Path:
+    """Write RUN/report.md and RUN/plots/*.png; return the report's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    plots = path / "plots"
+    plots.mkdir(exist_ok=True)
+    complete = attribution[~attribution["partial"].astype(bool)]
+    names = [_breakdown_plot(complete, plots), _cdf_plot(complete, plots),
+             _depth_plot(summary, plots)]
+    lines = [f"# TTFT attribution: {summary['run_id']}", "", _counts(summary), ""]
+    lines += _group_table(summary) + [""] + _findings(summary) + [""]
+    lines += [f"![{n}](plots/{n}.png)" for n in names if n]
+    report = path / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def _counts(summary: dict[str, Any]) -> str:
+    r = summary["requests"]
+    return (f"{r['total']} requests: {r['complete']} complete, {r['partial']} partial "
+            f"(left out of the numbers below), {r['failed']} failed.")
+
+
+def _group_table(summary: dict[str, Any]) -> list[str]:
+    parts = ("ttft", *COMPONENTS, *STORAGE_PARTS)
+    lines = ["| phase | conc | n | " + " | ".join(f"{p} p50 (ms)" for p in parts) + " |",
+             "|---|---|---|" + "---|" * len(parts)]
+    for g in summary["groups"]:
+        cells = [f"{g['percentiles_ns'][p].get('p50', float('nan')) / 1e6:.1f}" for p in parts]
+        lines.append(f"| {g['phase']} | {g['concurrency']} | {g['requests']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _findings(summary: dict[str, Any]) -> list[str]:
+    if not summary["findings"]:
+        return ["No findings."]
+    return ["## Findings", ""] + [f"- **{f['severity']}** `{f['id']}`: {f['message']}"
+                                  for f in summary["findings"]]
+
+
+def _breakdown_plot(complete: pd.DataFrame, plots: Path) -> str | None:
+    import matplotlib.pyplot as plt
+
+    if complete.empty:
+        return None
+    means = complete.groupby(["phase", "concurrency"])[[f"{c}_ns" for c in COMPONENTS]].mean() / 1e6
+    means.columns = list(COMPONENTS)
+    ax = means.plot.barh(stacked=True, figsize=(8, 1.5 + 0.5 * len(means)))
+    ax.set_xlabel("mean TTFT (ms)")
+    ax.set_title("Where TTFT goes (exclusive time per component)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    plt.tight_layout()
+    plt.savefig(plots / "breakdown.png", dpi=100)
+    plt.close("all")
+    return "breakdown"
+
+
+def _cdf_plot(complete: pd.DataFrame, plots: Path) -> str | None:
+    import matplotlib.pyplot as plt
+
+    if complete.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for phase, group in complete.groupby("phase"):
+        values = (group["ttft_ns"].astype("float64") / 1e9).sort_values()
+        ax.step(values, [i / len(values) for i in range(1, len(values) + 1)], label=str(phase))
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plots / "ttft_cdf.png", dpi=100)
+    plt.close(fig)
+    return "ttft_cdf"
+
+
+def _depth_plot(summary: dict[str, Any], plots: Path) -> str | None:
+    import matplotlib.pyplot as plt
+
+    if not summary["queue_depth"]:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for d in summary["queue_depth"]:
+        depths = sorted(d["histogram"], key=int)
+        ax.bar([int(k) for k in depths], [d["histogram"][k] for k in depths], alpha=0.6,
+               label=f"{d['device']} ({d['source']})")
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("fraction of time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plots / "queue_depth.png", dpi=100)
+    plt.close(fig)
+    return "queue_depth"

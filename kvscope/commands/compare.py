@@ -1,0 +1,42 @@
+"""`kvscope compare A B`: per-component deltas and speedups of B over A, with bootstrap CIs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compare", help="compare two runs component by component (serial vs parallel)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  kvscope compare runs/serial runs/parallel --phase cold\n"
+               "  kvscope compare A B --stat mean --json")
+    parser.add_argument("a", help="baseline run directory (A)")
+    parser.add_argument("b", help="candidate run directory (B)")
+    parser.add_argument("--phase", help="compare only this phase (default: all)")
+    parser.add_argument("--stat", default="p50", choices=("p50", "p90", "mean"))
+    parser.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
+    parser.add_argument("--json", action="store_true", help="print JSON records")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis import compare, outputs
+
+    try:
+        table = compare.compare(outputs.load_attribution(args.a), outputs.load_attribution(args.b),
+                                phase=args.phase, stat=args.stat, n_boot=args.boot)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"kvscope compare: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(table.to_json(orient="records", indent=2))
+        return 0
+    print(f"{args.stat} per component, A={args.a}  B={args.b}  (95 % bootstrap CI)")
+    print(f"{'component':24} {'A (s)':>9} {'B (s)':>9} {'B-A (s)':>22} {'speedup A/B':>22}")
+    for r in table.itertuples():
+        print(f"{r.component:24} {r.a_s:9.4f} {r.b_s:9.4f} "
+              f"{r.delta_s:+8.4f} [{r.delta_lo:+.3f},{r.delta_hi:+.3f}] "
+              f"{r.speedup:7.2f}x [{r.speedup_lo:.2f},{r.speedup_hi:.2f}]")
+    return 0
