@@ -137,7 +137,8 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         try:
             return cast(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{PREFIX}{name}: {value!r} is not a {cast.__name__}") from None
+            kind = "an integer" if cast is int else "a number"
+            raise ValueError(f"{PREFIX}{name}: {value!r} is not {kind}") from None
 
     return DiskConfig(
         path=str(path),

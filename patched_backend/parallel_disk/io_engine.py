@@ -169,8 +169,9 @@ class IOEngine:
         except OSError as exc:
             chunk.fail("io_error", f"open {chunk.path}: {exc}")
             return []
-        if chunk.identity is not None and (st.st_dev, st.st_ino, st.st_size) != chunk.identity:
-            chunk.fail("replaced", f"{chunk.path} is not the file that was indexed")
+        mismatch = _identity_mismatch(chunk.identity, st)
+        if mismatch:
+            chunk.fail(mismatch, f"{chunk.path} is not the file that was indexed")
             os.close(chunk.fd)
             return []
         total = padded(chunk.payload_len)
@@ -235,3 +236,12 @@ class IOEngine:
         if chunk.error is None and chunk.copy_to is not None:
             chunk.copy_to[:] = payload
         batch._chunk_done(chunk)
+
+
+def _identity_mismatch(identity: Optional[Identity], st: os.stat_result) -> Optional[str]:
+    """"replaced" (another file under the name), "truncated" (size changed), or None."""
+    if identity is None:
+        return None
+    if (st.st_dev, st.st_ino) != identity[:2]:
+        return "replaced"
+    return "truncated" if st.st_size != identity[2] else None

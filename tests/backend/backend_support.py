@@ -60,14 +60,16 @@ class Harness:
     def __init__(self, path: str, layers: int = LAYERS, **knobs: Any) -> None:
         # Third Party
         from lmcache.v1.event_manager import EventManager
+        from lmcache.v1.pin_monitor import PinMonitor
         from lmcache.v1.storage_backend.storage_manager import StorageManager
 
-        self.manager = StorageManager(lmcache_config(path, **knobs), metadata(layers),
-                                      EventManager())
+        config, meta = lmcache_config(path, **knobs), metadata(layers)
+        PinMonitor.GetOrCreate(config, meta)  # LMCacheEngine does this; memory pins need it
+        self.manager = StorageManager(config, meta, EventManager())
         assert "kvscope" in self.manager.storage_backends, "plugin did not load"
         self.backend = self.manager.storage_backends["kvscope"]
 
-    def put(self, indices: list[int], tokens: int = CHUNK) -> None:
+    def put(self, indices: list[int], tokens: int = CHUNK, flush: bool = True) -> None:
         objs = []
         for i in indices:
             data = kv_tensor(i, tokens=tokens)
@@ -75,7 +77,8 @@ class Harness:
             obj.tensor.copy_(data)
             objs.append(obj)
         self.manager.batched_put([key(i) for i in indices], objs, location="kvscope")
-        assert self.backend.flush(timeout=60)
+        if flush:
+            assert self.backend.flush(timeout=60)
 
     def get(self, indices: list[int]) -> list[Any]:
         return self.manager.batched_get([key(i) for i in indices], location="kvscope")
@@ -91,3 +94,14 @@ def assert_exact(objs: list[Any], indices: list[int], tokens: int = CHUNK) -> No
         assert obj is not None, f"chunk {i} missing"
         assert torch.equal(obj.tensor, kv_tensor(i, tokens=tokens)), f"chunk {i} differs"
         obj.ref_count_down()
+
+
+def chunk_path(directory: Any, i: int) -> str:
+    """Path of chunk ``i``'s file under ``directory``."""
+    # Standard
+    import os
+
+    # First Party
+    from patched_backend.parallel_disk.chunkfile import file_name
+
+    return os.path.join(str(directory), file_name(key(i).to_string()))

@@ -20,3 +20,4 @@ def test_batched_get_is_bit_exact(harness, knobs):
     assert_exact(h.get(list(range(6))), list(range(6)))
     stats = h.backend.stats()
     assert stats["read_hits"] == 6 and stats["stores"] == 6 and stats["corrupt_chunks"] == 0
+    assert stats["odirect"], "reads fell back to buffered I/O on this file system"
