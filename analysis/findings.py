@@ -9,12 +9,16 @@ import pandas as pd
 from analysis.run import Run
 
 Finding = dict[str, str]
+SHARE_NOTABLE = 0.30  # a component above this share of TTFT gets a finding
+SATURATED_DEPTH = 4.0  # mean in-flight requests that count as a deep queue
+SHALLOW_DEPTH = 2.0
 
 
 def find(run: Run, attribution: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
     """Every finding for the run, most severe first."""
     found: list[Finding] = []
-    for rule in (_input_problems, _partial_rows, _unmatched_spans):
+    for rule in (_input_problems, _partial_rows, _unmatched_spans, _cache_misses, _vllm_queue,
+                 _storage_bound):
         found += rule(run, attribution, summary)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f["severity"]])
@@ -49,3 +53,56 @@ def _unmatched_spans(run: Run, attribution: pd.DataFrame, summary: dict) -> list
     return [_finding("unmatched-spans", "warning", f"{int(unknown.sum())} spans name "
                      f"{len(ids)} request ids that requests.parquet lacks (e.g. {ids[0]!r}); "
                      "they are not attributed")]
+
+
+def _complete(attribution: pd.DataFrame) -> pd.DataFrame:
+    return attribution[~attribution["partial"].astype(bool)]
+
+
+def _cache_misses(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    """Requests that read nothing from storage although their prompt was seen before."""
+    rows = _complete(attribution).merge(run.requests[["request_id", "cached_tokens"]],
+                                        on="request_id")
+    out = []
+    for phase, group in rows.groupby("phase", sort=False):
+        missed = (group["read_bytes"] == 0) & (group["cached_tokens"] <= 0)
+        if missed.any() and phase != "warm":
+            out.append(_finding("cache-miss", "warning", f"{int(missed.sum())} of {len(group)} "
+                                f"{phase} requests read no KV from storage and reported no "
+                                "cached tokens: cache misses, their prompts were recomputed"))
+    return out
+
+
+def _vllm_queue(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    return [_finding("vllm-queue", "info", f"{g['phase']} (conc {g['concurrency']}): "
+                     f"{g['share_of_ttft']['queueing']:.0%} of TTFT is waiting in vLLM's queue "
+                     "(arrival to first scheduled); more concurrency than the server admits")
+            for g in summary["groups"] if (g["share_of_ttft"]["queueing"] or 0) > SHARE_NOTABLE]
+
+
+def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    """Storage-dominated groups: saturated device, or software-bound with a shallow queue."""
+    depth = max((d["mean"] for d in summary["queue_depth"]), default=None)
+    out = []
+    for g in summary["groups"]:
+        share = g["share_of_ttft"]["storage_read"] or 0
+        if share <= SHARE_NOTABLE:
+            continue
+        rows = _complete(attribution)
+        rows = rows[(rows["phase"] == g["phase"]) & (rows["concurrency"] == g["concurrency"])]
+        read = float(rows["storage_read_ns"].sum()) or 1.0
+        device = float(rows[["storage_device_queue_ns", "storage_device_service_ns"]].sum().sum())
+        where = f"{g['phase']} (conc {g['concurrency']}): storage read is {share:.0%} of TTFT"
+        if depth is not None and depth >= SATURATED_DEPTH and device / read > 0.5:
+            out.append(_finding("device-saturated", "warning", f"{where}; {device / read:.0%} of "
+                                f"it is in the device with {depth:.1f} requests in flight on "
+                                "average: the device is at its ceiling, a faster one is the fix"))
+        elif depth is not None and depth < SHALLOW_DEPTH:
+            out.append(_finding("software-bound", "warning", f"{where}; only {device / read:.0%} "
+                                f"is in the device and {depth:.1f} requests are in flight on "
+                                "average: reads are software-bound with a shallow queue; read "
+                                "more chunks in parallel"))
+        else:
+            out.append(_finding("storage-bound", "info", f"{where}; {device / read:.0%} in the "
+                                "device"))
+    return out

@@ -1,0 +1,56 @@
+"""What-if model arithmetic and the findings rules."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis import attribute, summarize, whatif
+from analysis_testkit import memory_run
+
+
+def test_model_is_bandwidth_bound_until_the_queue_is_too_shallow():
+    x = whatif.Inputs(kv_bytes_per_token=262_144, context_tokens=8192, hit_tokens=8192,
+                      concurrency=16, read_bw=5.23e9, prefill_tokens_per_s=1e4,
+                      queue_depth=64, chunk_bytes=64 << 20, read_latency_s=0.05)
+    deep = whatif.predict(x)
+    assert deep["storage_s"] == pytest.approx(16 * 8192 * 262_144 / 5.23e9)
+    shallow = whatif.scale(x, queue_depth=1)
+    assert shallow["effective_bw"] == pytest.approx((64 << 20) / 0.05)
+    assert shallow["ttft_s"] > deep["ttft_s"]
+
+
+def test_published_table_states_fits_predictions_and_inconsistency():
+    table = whatif.published_table()
+    assert set(table["kind"]) >= {"fitted", "predicted", "check"}
+    fit = table[table["kind"] == "fitted"].iloc[0]
+    assert fit["model"] == pytest.approx(37.97)
+    high = table[table["case"].str.startswith("high end")].iloc[0]
+    assert high["model"] == pytest.approx(26.35, rel=0.01)
+    assert table["error"].str.contains("inconsistent").any()
+
+
+def _storage_heavy(depth: int, with_io: bool):
+    attrs = {"kvscope.storage.reader_tids": [7]}
+    run = memory_run([{"request_id": "r", "arrival_ns": 0, "first_token_ns": 100_000_000,
+                       "cached_tokens": 100}], [
+        {"request_id": "r", "name": "kvscope.queue", "start_ns": 0, "end_ns": 5_000_000},
+        {"request_id": "r", "name": "kvscope.storage.read", "start_ns": 5_000_000,
+         "end_ns": 90_000_000, "attributes": attrs, "trace_id": "a" * 32},
+        {"request_id": "r", "name": "kvscope.prefill", "start_ns": 90_000_000,
+         "end_ns": 100_000_000}],
+        block_io=[{"tid": 7, "start_ns": 5_000_000, "issue_ns": 6_000_000,
+                   "complete_ns": 89_000_000}] if with_io else None)
+    run.queue_depth = pd.DataFrame({"phase": "cold", "ts_ns": [0, 100_000_000], "device": "vda",
+                                    "hw_queue": -1, "inflight": [depth, 0], "source": "bpf"})
+    return run
+
+
+@pytest.mark.parametrize(("depth", "with_io", "finding"), [
+    pytest.param(8, True, "device-saturated", id="deep-queue-device-time"),
+    pytest.param(1, False, "software-bound", id="shallow-queue-no-device-time"),
+])
+def test_storage_findings_say_why(depth, with_io, finding):
+    run = _storage_heavy(depth, with_io)
+    summary = summarize(run, attribute(run))
+    assert finding in {f["id"] for f in summary["findings"]}
