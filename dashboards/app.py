@@ -25,14 +25,19 @@ def _header(runs: dict[str, data.RunData]) -> html.Header:
 
 
 def create_app(run_dirs: Iterable[str | Path], *, jaeger_url: str | None = None) -> Dash:
-    """A Dash app over the given run directories.
+    """A Dash app over the given run directories, each loaded and analysed once, here.
 
     Raises:
-        data.DashboardError: a run cannot be read; the message names it.
+        data.DashboardError: a run cannot be read, or the Jaeger URL is not http(s);
+            the message names it.
     """
     if jaeger_url and not jaeger_url.startswith(("http://", "https://")):
         raise data.DashboardError(f"Jaeger URL {jaeger_url!r} must start with http:// or https://")
-    runs = data.load_runs(run_dirs)
+    return build_app(data.load_runs(run_dirs), jaeger_url=jaeger_url)
+
+
+def build_app(runs: dict[str, data.RunData], *, jaeger_url: str | None = None) -> Dash:
+    """The app over runs already loaded by `data.load_runs`."""
     has_nvme = any(not rd.run.nvme_io.empty for rd in runs.values())
     app = Dash(__name__, title="kvscope dashboard", assets_folder=str(ASSETS),
                serve_locally=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from dashboards import data, figures, ids, timeline
 from dashboards.data import RunData
@@ -41,17 +41,18 @@ def table(frame: pd.DataFrame, if_empty: str) -> html.Table | html.P:
 
 
 def update_request_options(runs: dict[str, RunData], labels: list[str] | None,
-                           phase: str | None, clicked: dict | None,
-                           current: str | None) -> tuple[list[dict], str | None]:
-    """Requests to pick from; a click on a bar selects that request, else keep or take the slowest."""
+                           phase: str | None, current: str | None) -> tuple[list[dict], str | None]:
+    """Requests to pick from, slowest first; keep the current one if still offered."""
     options = data.request_options(runs, labels, phase)
-    values = {o["value"] for o in options}
-    if clicked:
-        key = clicked["points"][0]["customdata"][0]
-        return options, key if key in values else no_update
-    if current in values:
+    if current in {o["value"] for o in options}:
         return options, current
     return options, options[0]["value"] if options else None
+
+
+def clicked_request(clicked: dict | None) -> str:
+    """The request key a click on the breakdown carries (its bars' customdata)."""
+    points = (clicked or {}).get("points", [])
+    return next((p["customdata"][0] for p in points if p.get("customdata")), no_update)
 
 
 def jaeger_link(jaeger_url: str | None, trace_id: str) -> html.A | html.Span:
@@ -125,11 +126,15 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
         return update_ttft_views(runs, labels, phase, sort_by)
 
     @app.callback(Output(ids.REQUEST, "options"), Output(ids.REQUEST, "value"),
-                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"),
-                  Input(ids.BREAKDOWN_GRAPH, "clickData"), State(ids.REQUEST, "value"))
-    def _options(labels, phase, clicked, current):
-        by_click = clicked if ctx.triggered_id == ids.BREAKDOWN_GRAPH else None
-        return update_request_options(runs, labels, phase, by_click, current)
+                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"), State(ids.REQUEST, "value"))
+    def _options(labels, phase, current):
+        return update_request_options(runs, labels, phase, current)
+
+    # A click sends only the key: the (possibly 10k) options are not resent.
+    @app.callback(Output(ids.REQUEST, "value", allow_duplicate=True),
+                  Input(ids.BREAKDOWN_GRAPH, "clickData"), prevent_initial_call=True)
+    def _clicked(clicked):
+        return clicked_request(clicked)
 
     @app.callback(Output(ids.WATERFALL_GRAPH, "figure"), Output(ids.JAEGER_LINK, "children"),
                   Output(ids.REQUEST_DETAILS, "children"), Input(ids.REQUEST, "value"))

@@ -99,9 +99,10 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
                              request=ordered["request_id"].map(text))
     long = _long_ms(ordered, ["run", "rank", "key", "request"])
     long["run"] = long["run"].map(text)
-    common = dict(x="rank", y="ms", color="component", facet_col="run", custom_data=["key"],
-                  hover_data={"request": True, "rank": False, "run": False},
-                  color_discrete_map=COLORS, category_orders={"component": list(COMPONENTS)},
+    long["ms"] = long["ms"].round(3)  # µs resolution; halves the JSON sent for 10k requests
+    common = dict(x="rank", y="ms", color="component", facet_col="run",
+                  custom_data=["key", "request"], color_discrete_map=COLORS,
+                  category_orders={"component": list(COMPONENTS)},
                   labels={**LABELS, "rank": f"request (by {sort_by})"})
     if ordered.groupby("run").size().max() <= max_bars:
         fig = px.bar(long, **common)
@@ -109,6 +110,11 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
     else:
         fig = px.area(long, line_shape="hv", **common)
         fig.update_traces(line={"width": 0})
+    for trace in fig.data:  # the key rides on the first component only: 1/6 of the bytes
+        first = trace.name == COMPONENTS[0]
+        trace.customdata = trace.customdata if first else None
+        trace.hovertemplate = ("%{customdata[1]}: %{y:.2f} ms" if first else "%{y:.2f} ms")
+    fig.update_layout(hovermode="x unified")  # a click anywhere above a request selects it
     return _style(fig, f"TTFT breakdown per request (sorted by {sort_by})")
 
 

@@ -7,25 +7,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from selenium.webdriver.chrome.options import Options
 
-CHROMIUM = "/usr/bin/chromium"
-# As root Chromium needs --no-sandbox; the networking flags keep it quiet on an offline host.
-CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--no-first-run", "--window-size=1400,1000",
-)
+from dashboards.browser import CHROMIUM, chromium_options
+
 HAVE_BROWSER = Path(CHROMIUM).exists() and shutil.which("chromedriver") is not None
 
 
-def pytest_setup_options() -> Options:
+def pytest_setup_options():
     """dash[testing] hook: drive Debian's Chromium headless (scripts/setup.d/chromium.sh)."""
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    return options
+    return chromium_options()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+from dash import no_update
 
 from dashboards import callbacks, data, ids
 from dashboards.app import create_app
@@ -31,19 +32,21 @@ def test_ttft_views_show_every_selected_run(loaded):
 
 def test_phase_filter_limits_the_requests(loaded):
     breakdown, *_ = callbacks.update_ttft_views(loaded, ["serial"], "warm", "arrival")
-    keys = {json.loads(c[0])[1] for t in breakdown.data for c in t.customdata}
+    keys = {json.loads(c[0])[1] for t in breakdown.data if t.customdata is not None
+            for c in t.customdata}
     assert keys == {"warm"}
 
 
-def test_click_on_a_bar_selects_that_request(loaded):
-    options, first = callbacks.update_request_options(loaded, labels(loaded), None, None, None)
+def test_request_choices_slowest_first_and_a_click_selects(loaded):
+    options, first = callbacks.update_request_options(loaded, labels(loaded), None, None)
     assert first == options[0]["value"]
-    slowest = max(loaded["parallel"].attribution["ttft_ns"].max(),
-                  loaded["serial"].attribution["ttft_ns"].max())
+    slowest = max(rd.attribution["ttft_ns"].max() for rd in loaded.values())
     assert f"{slowest / 1e6:.1f} ms" in options[0]["label"]
+    kept = options[5]["value"]
+    assert callbacks.update_request_options(loaded, labels(loaded), None, kept)[1] == kept
     chosen = options[-1]["value"]
-    click = {"points": [{"customdata": [chosen]}]}
-    assert callbacks.update_request_options(loaded, labels(loaded), None, click, first)[1] == chosen
+    assert callbacks.clicked_request({"points": [{"customdata": [chosen]}]}) == chosen
+    assert callbacks.clicked_request(None) is no_update
 
 
 def test_request_waterfall_holds_that_requests_spans(loaded):

@@ -1,0 +1,51 @@
+"""The dashboard in real headless Chromium (dash[testing]): few tests, each checks a lot."""
+
+from __future__ import annotations
+
+import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+
+from dashboards import ids
+from dashboards.app import create_app
+
+pytestmark = pytest.mark.browser
+
+
+def graph_text(dash_duo, graph_id: str) -> str:
+    return dash_duo.find_element(f"#{graph_id}").text
+
+
+def test_two_runs_side_by_side_every_view_and_no_console_errors(dash_duo, synthetic_runs):
+    dash_duo.start_server(create_app(synthetic_runs, jaeger_url="http://127.0.0.1:16686"))
+    dash_duo.wait_for_element(f"#{ids.BREAKDOWN_GRAPH} .bars path", timeout=20)
+    dash_duo.wait_for_contains_text(f"#{ids.WATERFALL_GRAPH} .gtitle", "TTFT", timeout=20)
+    breakdown = graph_text(dash_duo, ids.BREAKDOWN_GRAPH)
+    assert "serial" in breakdown and "parallel" in breakdown  # one panel per run
+    assert "storage_read" in breakdown  # the legend of components
+    bars = dash_duo.find_elements(f"#{ids.BREAKDOWN_GRAPH} .bars path")
+    assert len(bars) == 6 * 48  # 6 components x (24 + 24) requests
+    assert "cold c=4" in graph_text(dash_duo, ids.CONCURRENCY_GRAPH)
+    assert "p99" in graph_text(dash_duo, ids.PERCENTILE_GRAPH)
+    assert "in-flight requests" in graph_text(dash_duo, ids.DEVICE_GRAPH)
+    assert "q1" in graph_text(dash_duo, ids.NVME_GRAPH)
+    selected = dash_duo.find_element(f"#{ids.REQUEST}").text  # `run · phase · id · ms`
+    assert selected.split(" · ")[2] in graph_text(dash_duo, ids.WATERFALL_GRAPH)
+    link = dash_duo.find_element(f"#{ids.JAEGER_LINK} a").get_attribute("href")
+    assert link.startswith("http://127.0.0.1:16686/trace/") and len(link.rsplit("/", 1)[1]) == 32
+    assert dash_duo.get_logs() == []
+
+
+def test_clicking_a_request_bar_updates_its_waterfall(dash_duo, synthetic_runs):
+    dash_duo.start_server(create_app(synthetic_runs[:1]))
+    dash_duo.wait_for_contains_text(f"#{ids.WATERFALL_GRAPH} .gtitle", "TTFT", timeout=20)
+    before = dash_duo.find_element(f"#{ids.WATERFALL_GRAPH} .gtitle").text
+    bars = dash_duo.find_elements(f"#{ids.BREAKDOWN_GRAPH} .bars path")
+    ActionChains(dash_duo.driver).move_to_element(bars[len(bars) // 2 - 1]).click().perform()
+    title = f"#{ids.WATERFALL_GRAPH} .gtitle"
+    dash_duo._wait_for(lambda d: d.find_element(By.CSS_SELECTOR, title).text != before,
+                       timeout=20, msg="the waterfall did not follow the click")
+    clicked = dash_duo.find_element(f"#{ids.REQUEST}").text.split(" · ")[2]
+    assert clicked in dash_duo.find_element(title).text
+    assert clicked not in before
+    assert dash_duo.get_logs() == []
