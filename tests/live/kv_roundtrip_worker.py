@@ -1,0 +1,53 @@
+"""Runs inside vLLM's worker process (as a worker extension) for the KV round-trip test.
+
+It uses the worker's real KV cache tensors and the real LMCache engine with its connector:
+fill some blocks with random bytes, store them through LMCache to disk, load them back into
+other blocks, and compare the bytes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class KVRoundTrip:
+    def kvscope_kv_roundtrip(self, num_tokens: int, seed: int) -> dict:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        adapter = get_kv_transfer_group()._lmcache_engine
+        engine = adapter.lmcache_engine
+        caches = list(adapter.kv_caches.values())
+        block_size, total_blocks = int(caches[0].shape[2]), int(caches[0].shape[0])
+        n = num_tokens // block_size
+        src = torch.arange(total_blocks - 2 * n, total_blocks - n)
+        dst = torch.arange(total_blocks - n, total_blocks)
+        gen = torch.Generator().manual_seed(seed)
+        raw = [c.view(c.shape[0], -1).view(torch.uint8) for c in caches]
+        for layer in raw:
+            layer[src] = torch.randint(0, 256, layer[src].shape, dtype=torch.uint8, generator=gen)
+            layer[dst] = 0
+
+        def slots(blocks: torch.Tensor) -> torch.Tensor:
+            offsets = torch.arange(block_size).repeat(len(blocks))
+            return blocks.repeat_interleave(block_size) * block_size + offsets
+
+        tokens = torch.randint(4, 1000, (num_tokens,), generator=gen)
+        engine.store(tokens, kvcaches=caches, slot_mapping=slots(src))
+        differs_before = any(not torch.equal(r[src], r[dst]) for r in raw)
+        retrieved = 0
+        for _ in range(100):  # the disk write is asynchronous: retry until it is readable
+            mask = engine.retrieve(tokens, kvcaches=caches, slot_mapping=slots(dst))
+            retrieved = int(mask.sum())
+            if retrieved == num_tokens:
+                break
+            time.sleep(0.1)
+        return {
+            "connector": type(engine.gpu_connector).__name__,
+            "layer_shape": list(caches[0].shape),
+            "block_size": block_size,
+            "retrieved": retrieved,
+            "differs_before": differs_before,
+            "equal_after": all(torch.equal(r[src], r[dst]) for r in raw),
+        }
