@@ -44,7 +44,7 @@ def build_app(runs: dict[str, data.RunData], *, jaeger_url: str | None = None) -
     app.layout = html.Main(className="page", children=[
         _header(runs),
         overview.layout(list(runs), data.phases(runs)),
-        request.layout(),
+        request.layout(data.request_options(runs, list(runs), None)),
         device.layout(has_nvme),
         download.layout(),
     ])

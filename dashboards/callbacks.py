@@ -20,12 +20,16 @@ from dashboards.data import RunData
 TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
-def update_ttft_views(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
-                      sort_by: str) -> tuple[go.Figure, go.Figure, go.Figure, html.Table]:
-    """Per-request breakdown, per-concurrency means, percentiles and findings of the selection."""
-    attribution = data.attribution_of(runs, labels, phase)
-    return (figures.build_breakdown(attribution, sort_by=sort_by),
-            figures.build_concurrency(attribution),
+def update_breakdown(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
+                     sort_by: str) -> go.Figure:
+    """Per-request TTFT breakdown of the selection."""
+    return figures.build_breakdown(data.attribution_of(runs, labels, phase), sort_by=sort_by)
+
+
+def update_summary_views(runs: dict[str, RunData], labels: list[str] | None,
+                         phase: str | None) -> tuple[go.Figure, go.Figure, html.Table]:
+    """Per-concurrency means, percentiles and findings of the selection."""
+    return (figures.build_concurrency(data.attribution_of(runs, labels, phase)),
             figures.build_percentiles(data.percentiles_of(runs, labels, phase)),
             table(data.findings_of(runs, labels), "no findings for the selected runs"))
 
@@ -41,9 +45,11 @@ def table(frame: pd.DataFrame, if_empty: str) -> html.Table | html.P:
 
 
 def update_request_options(runs: dict[str, RunData], labels: list[str] | None,
-                           phase: str | None, current: str | None) -> tuple[list[dict], str | None]:
-    """Requests to pick from, slowest first; keep the current one if still offered."""
-    options = data.request_options(runs, labels, phase)
+                           phase: str | None, search: str | None,
+                           current: str | None) -> tuple[list[dict], str | None]:
+    """Requests to pick from (slowest first, or matching the typed text); keep the current one
+    while it is still in the selected runs and phase, else take the slowest."""
+    options = data.request_options(runs, labels, phase, search, keep=current)
     if current in {o["value"] for o in options}:
         return options, current
     return options, options[0]["value"] if options else None
@@ -119,16 +125,25 @@ def download(runs: dict[str, RunData], name: str, labels: list[str] | None,
 
 def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nvme: bool) -> None:
     """Bind the update functions to the app's ids, with `runs` closed over."""
-    @app.callback(Output(ids.BREAKDOWN_GRAPH, "figure"), Output(ids.CONCURRENCY_GRAPH, "figure"),
-                  Output(ids.PERCENTILE_GRAPH, "figure"), Output(ids.FINDINGS, "children"),
-                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"), Input(ids.SORT, "value"))
-    def _ttft(labels, phase, sort_by):
-        return update_ttft_views(runs, labels, phase, sort_by)
+    @app.callback(Output(ids.BREAKDOWN_GRAPH, "figure"), Input(ids.RUNS, "value"),
+                  Input(ids.PHASE, "value"), Input(ids.SORT, "value"))
+    def _breakdown(labels, phase, sort_by):
+        return update_breakdown(runs, labels, phase, sort_by)
 
+    @app.callback(Output(ids.CONCURRENCY_GRAPH, "figure"), Output(ids.PERCENTILE_GRAPH, "figure"),
+                  Output(ids.FINDINGS, "children"), Input(ids.RUNS, "value"),
+                  Input(ids.PHASE, "value"))
+    def _summary(labels, phase):
+        return update_summary_views(runs, labels, phase)
+
+    # The layout already holds the slowest request and its options: no call at page load, so
+    # the waterfall draws at once instead of after a round trip.
     @app.callback(Output(ids.REQUEST, "options"), Output(ids.REQUEST, "value"),
-                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"), State(ids.REQUEST, "value"))
-    def _options(labels, phase, current):
-        return update_request_options(runs, labels, phase, current)
+                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"),
+                  Input(ids.REQUEST, "search_value"), State(ids.REQUEST, "value"),
+                  prevent_initial_call=True)
+    def _options(labels, phase, search, current):
+        return update_request_options(runs, labels, phase, search, current)
 
     # A click sends only the key: the (possibly 10k) options are not resent.
     @app.callback(Output(ids.REQUEST, "value", allow_duplicate=True),

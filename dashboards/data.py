@@ -117,10 +117,16 @@ def phases(runs: dict[str, RunData]) -> list[str]:
     return list(dict.fromkeys(p for rd in runs.values() for p in rd.attribution["phase"]))
 
 
-def request_options(runs: dict[str, RunData], labels: list[str] | None,
-                    phase: str | None) -> list[dict[str, str]]:
-    """Dropdown options: every request of the selected runs, slowest first."""
+MAX_OPTIONS = 200  # the dropdown lists this many; typing searches every request
+
+
+def request_options(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
+                    search: str | None = None, keep: str | None = None) -> list[dict[str, str]]:
+    """Dropdown options, slowest first: the first MAX_OPTIONS matching `search`, plus `keep`."""
     frame = attribution_of(runs, labels, phase).sort_values("ttft_ns", ascending=False)
+    if search:
+        frame = frame[frame["request_id"].str.contains(search, case=False, regex=False)]
+    frame = pd.concat([frame.head(MAX_OPTIONS), frame[frame["key"] == keep]]).drop_duplicates("key")
     return [{"label": f"{run} · {p} · {rid} · {ttft / 1e6:.1f} ms", "value": key}
             for run, p, rid, ttft, key in zip(frame["run"], frame["phase"], frame["request_id"],
                                                 frame["ttft_ns"], frame["key"])]

@@ -8,11 +8,14 @@ from dash import dcc, html
 from dashboards import ids
 
 
-def layout() -> html.Section:
+def layout(options: list[dict[str, str]]) -> html.Section:
+    """`options`: the first request choices, slowest first; the slowest is selected."""
     return html.Section(className="section", children=[
         html.H2("One request"),
-        dcc.Dropdown(id=ids.REQUEST, placeholder="pick a request (slowest first)",
-                     clearable=False, className="dropdown wide"),
+        dcc.Dropdown(id=ids.REQUEST, options=options,
+                     value=options[0]["value"] if options else None,
+                     placeholder="type to search every request", clearable=False,
+                     className="dropdown wide"),
         html.Div(className="request-meta", children=[
             html.Div(id=ids.REQUEST_DETAILS), html.Div(id=ids.JAEGER_LINK)]),
         dcc.Graph(id=ids.WATERFALL_GRAPH, className="graph", config={"displaylogo": False}),

@@ -18,8 +18,8 @@ def labels(loaded: dict) -> list[str]:
 
 
 def test_ttft_views_show_every_selected_run(loaded):
-    breakdown, concurrency, percentiles, findings = callbacks.update_ttft_views(
-        loaded, labels(loaded), None, "TTFT")
+    breakdown = callbacks.update_breakdown(loaded, labels(loaded), None, "TTFT")
+    concurrency, percentiles, findings = callbacks.update_summary_views(loaded, labels(loaded), None)
     assert {a.text for a in breakdown.layout.annotations} == {"serial", "parallel"}
     shown = sum(len(t.x) for t in breakdown.data if t.name == "prefill")
     assert shown == sum(len(rd.attribution) for rd in loaded.values())
@@ -31,19 +31,22 @@ def test_ttft_views_show_every_selected_run(loaded):
 
 
 def test_phase_filter_limits_the_requests(loaded):
-    breakdown, *_ = callbacks.update_ttft_views(loaded, ["serial"], "warm", "arrival")
+    breakdown = callbacks.update_breakdown(loaded, ["serial"], "warm", "arrival")
     keys = {json.loads(c[0])[1] for t in breakdown.data if t.customdata is not None
             for c in t.customdata}
     assert keys == {"warm"}
 
 
 def test_request_choices_slowest_first_and_a_click_selects(loaded):
-    options, first = callbacks.update_request_options(loaded, labels(loaded), None, None)
+    options, first = callbacks.update_request_options(loaded, labels(loaded), None, None, None)
     assert first == options[0]["value"]
     slowest = max(rd.attribution["ttft_ns"].max() for rd in loaded.values())
     assert f"{slowest / 1e6:.1f} ms" in options[0]["label"]
     kept = options[5]["value"]
-    assert callbacks.update_request_options(loaded, labels(loaded), None, kept)[1] == kept
+    assert callbacks.update_request_options(loaded, labels(loaded), None, None, kept)[1] == kept
+    rid = json.loads(kept)[2]
+    found, still = callbacks.update_request_options(loaded, labels(loaded), None, rid, kept)
+    assert still == kept and all(rid in o["label"] for o in found)
     chosen = options[-1]["value"]
     assert callbacks.clicked_request({"points": [{"customdata": [chosen]}]}) == chosen
     assert callbacks.clicked_request(None) is no_update
