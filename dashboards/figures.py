@@ -55,9 +55,9 @@ def _style(fig: go.Figure, title: str) -> go.Figure:
     fig.update_layout(
         template=PLOT_TEMPLATE,
         title={"text": title, "x": 0.01, "xanchor": "left"},
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right",
+        legend={"orientation": "h", "y": 1.07, "yanchor": "bottom", "x": 1, "xanchor": "right",
                 "title": None},
-        margin={"l": 60, "r": 20, "t": 70, "b": 50},
+        margin={"l": 60, "r": 20, "t": 90, "b": 50},
     )
     return fig
 
@@ -102,7 +102,8 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
     long["ms"] = long["ms"].round(3)  # µs resolution; halves the JSON sent for 10k requests
     common = dict(x="rank", y="ms", color="component", facet_col="run",
                   custom_data=["key", "request"], color_discrete_map=COLORS,
-                  category_orders={"component": list(COMPONENTS)},
+                  category_orders={"component": list(COMPONENTS),
+                                   "run": list(dict.fromkeys(attribution["run"].map(text)))},
                   labels={**LABELS, "rank": f"request (by {sort_by})"})
     if ordered.groupby("run").size().max() <= max_bars:
         fig = px.bar(long, **common)
@@ -130,9 +131,12 @@ def build_concurrency(attribution: pd.DataFrame) -> go.Figure:
     long = _long_ms(means, ["run", "level"])
     long["run"] = long["run"].map(text)
     fig = px.bar(long, x="level", y="ms", color="component", facet_col="run",
-                 color_discrete_map=COLORS, category_orders={"component": list(COMPONENTS)},
+                 color_discrete_map=COLORS,
+                 category_orders={"component": list(COMPONENTS),
+                                  "run": list(dict.fromkeys(attribution["run"].map(text)))},
                  labels={**LABELS, "level": "phase, concurrency", "ms": "mean ms"})
     fig.update_layout(barmode="stack")
+    fig.update_xaxes(matches=None)  # each run shows only its own levels
     return _style(fig, "Mean TTFT breakdown per concurrency level")
 
 

@@ -191,4 +191,6 @@ def build_nvme(nvme_io: pd.DataFrame, *, bins: int = DEVICE_BINS) -> go.Figure:
     fig = px.line(long, x="t_s", y="value", color="qid", facet_row="metric", facet_col="run",
                   line_shape="hv", labels={**LABELS, "t_s": "s since the run's first command"})
     fig.update_yaxes(matches=None, rangemode="tozero", title_text="")
+    fig.for_each_trace(lambda t: t.update(mode="markers", marker_size=4),
+                       selector=lambda t: "latency" in (t.hovertemplate or ""))
     return _style(fig, "NVMe hardware queues")

@@ -28,12 +28,10 @@ def layout(labels: list[str], phases: list[str]) -> html.Section:
         dcc.Graph(id=ids.BREAKDOWN_GRAPH, className="graph tall",
                   config={"displaylogo": False}),
         html.P("Click a request to show its waterfall below.", className="hint"),
+        dcc.Graph(id=ids.PERCENTILE_GRAPH, className="graph", config={"displaylogo": False}),
         html.Div(className="row", children=[
             dcc.Graph(id=ids.CONCURRENCY_GRAPH, className="graph half",
                       config={"displaylogo": False}),
-            dcc.Graph(id=ids.PERCENTILE_GRAPH, className="graph half",
-                      config={"displaylogo": False}),
+            html.Div(className="half", children=[html.H2("Findings"), html.Div(id=ids.FINDINGS)]),
         ]),
-        html.H2("Findings"),
-        html.Div(id=ids.FINDINGS),
     ])

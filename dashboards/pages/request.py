@@ -18,5 +18,5 @@ def layout(options: list[dict[str, str]]) -> html.Section:
                      className="dropdown wide"),
         html.Div(className="request-meta", children=[
             html.Div(id=ids.REQUEST_DETAILS), html.Div(id=ids.JAEGER_LINK)]),
-        dcc.Graph(id=ids.WATERFALL_GRAPH, className="graph", config={"displaylogo": False}),
+        dcc.Graph(id=ids.WATERFALL_GRAPH, config={"displaylogo": False}),  # height: the figure's
     ])
