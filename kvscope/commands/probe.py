@@ -78,10 +78,12 @@ def _print_ebpf(args: argparse.Namespace) -> int:
     from probes.detect import Plan, detect
 
     plan = detect()
-    opts = BlockOptions(filter_pids=bool(args.pid), filter_devices=bool(args.device))
+    opts = BlockOptions(key="dev_sector", filter_pids=bool(args.pid),
+                        filter_devices=bool(args.device))
     if isinstance(plan, Plan):
         opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint,
-                            filter_pids=opts.filter_pids, filter_devices=opts.filter_devices)
+                            filter_pids=opts.filter_pids, filter_devices=opts.filter_devices,
+                            offsets=plan.offsets)
     print(render(opts))
     return 0
 

@@ -83,4 +83,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(report.phase_table(path))
     print(f"\nrun directory: {path}")
+    failure = report.first_failure(path)
+    if failure:
+        print(f"kvscope run: requests failed, e.g. {failure}", file=sys.stderr)
+        return 1
     return 0

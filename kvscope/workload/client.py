@@ -53,7 +53,7 @@ def traceparent(trace_id: str) -> str:
 
 
 async def _send(
-    session: aiohttp.ClientSession, plan: RequestPlan, prompt: str, record: RequestRecord
+    session: aiohttp.ClientSession, plan: RequestPlan, prompt: list[int], record: RequestRecord
 ) -> None:
     body = {
         "model": plan.model, "prompt": prompt, "max_tokens": plan.max_tokens,
@@ -101,7 +101,7 @@ def _consume_event(raw: bytes, record: RequestRecord) -> None:
 
 
 async def run_requests(
-    plan: RequestPlan, prompts: list[str], records: list[RequestRecord], concurrency: int,
+    plan: RequestPlan, prompts: list[list[int]], records: list[RequestRecord], concurrency: int,
     on_done: Callable[[RequestRecord], None] = lambda r: None,
 ) -> None:
     """Send prompts[i] for records[i], at most `concurrency` in flight."""
@@ -111,7 +111,7 @@ async def run_requests(
 
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
-        async def one(prompt: str, record: RequestRecord) -> None:
+        async def one(prompt: list[int], record: RequestRecord) -> None:
             async with limit:
                 await _send(session, plan, prompt, record)
                 on_done(record)

@@ -1,4 +1,8 @@
-"""Deterministic prompts made of the twins' one-word-per-token vocabulary."""
+"""Deterministic prompts as token ids: the server gets exactly the prompt length asked for.
+
+Token ids skip the tokenizer and vLLM's characters-per-token guard on text prompts; the twins'
+word-level tokenizer still turns the output back into text.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from kvscope import twins
 
 def make_prompts(
     count: int, tokens: int, *, vocab_size: int, seed: int, shared_prefix_tokens: int = 0
-) -> list[str]:
+) -> list[list[int]]:
     """`count` prompts of exactly `tokens` tokens; the first `shared_prefix_tokens` are shared."""
     if not 0 <= shared_prefix_tokens <= tokens:
         raise ValueError(
@@ -21,5 +25,5 @@ def make_prompts(
     prompts = []
     for _ in range(count):
         rest = [rng.randrange(first, vocab_size) for _ in range(tokens - shared_prefix_tokens)]
-        prompts.append(" ".join(twins.word(t) for t in prefix + rest))
+        prompts.append(prefix + rest)
     return prompts

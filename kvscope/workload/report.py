@@ -24,3 +24,13 @@ def phase_table(run: Path) -> str:
             f"{phase['disk_read_bytes'] / 2**20:>9.0f}MiB"
         )
     return "\n".join(lines)
+
+
+def first_failure(run: Path) -> str:
+    """The first failed request as 'id: error', or '' when every request succeeded."""
+    requests = rundir.read_table(run, "requests")
+    failed = requests[requests["status"] != "ok"] if requests is not None else []
+    if len(failed) == 0:
+        return ""
+    row = failed.iloc[0]
+    return f"{row['request_id']}: {row['error']}"

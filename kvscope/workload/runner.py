@@ -162,14 +162,14 @@ class LiveRun:
     server: VLLMServer
     kv_dir: Path
     device: str
-    prompt_texts: list[str]
+    prompts: list[list[int]]
     max_tokens: int
     observers: list[PhaseObserver]
 
 
 def run_phase(live: LiveRun, phase: Phase) -> dict:
     """Send every prompt once at the phase's concurrency; returns the phase's manifest entry."""
-    run, server, device, prompt_texts = live.run, live.server, live.device, live.prompt_texts
+    run, server, device, prompt_ids = live.run, live.server, live.device, live.prompts
     if phase.kind == "cold":
         wait_for_stores(live.kv_dir)
         system.drop_page_cache()
@@ -177,7 +177,7 @@ def run_phase(live: LiveRun, phase: Phase) -> dict:
         RequestRecord(request_id=f"{run.name}-{phase.label}-{i}", phase=phase.label,
                       concurrency=phase.concurrency, prompt_index=i,
                       trace_id=secrets.token_hex(16))
-        for i in range(len(prompt_texts))
+        for i in range(len(prompt_ids))
     ]
     plan = RequestPlan(server.base_url, server.config.served_name, live.max_tokens)
     before, metrics_before = system.disk_counters(device), vllm_metrics.scrape(server)
@@ -187,7 +187,7 @@ def run_phase(live: LiveRun, phase: Phase) -> dict:
     try:
         with tqdm(total=len(records), desc=f"{phase.label:>8} c={phase.concurrency}",
                   unit="req", leave=True) as bar:
-            asyncio.run(run_requests(plan, prompt_texts, records, phase.concurrency,
+            asyncio.run(run_requests(plan, prompt_ids, records, phase.concurrency,
                                      on_done=lambda r: bar.update(1)))
     finally:
         ended = time.monotonic_ns()
@@ -214,7 +214,7 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
     system.check_writable_dir(kv_dir)
     offset = clock.measure_offset()
     run = rundir.create(opts.out, _manifest(opts, spec, profile, kv_dir, model_dir, offset))
-    texts = prompts.make_prompts(opts.requests, opts.prompt_tokens, vocab_size=spec.vocab_size,
+    prompt_ids = prompts.make_prompts(opts.requests, opts.prompt_tokens, vocab_size=spec.vocab_size,
                                  seed=opts.seed, shared_prefix_tokens=opts.shared_prefix_tokens)
     config = ServerConfig(
         model_dir=model_dir, served_name=spec.name, port=opts.port, host=opts.host,
@@ -230,7 +230,7 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                 "argv": config.argv(), "env": config.env(run / "lmcache.yaml"),
                 "startup_s": round(server.startup_s, 2),
             })
-            live = LiveRun(run, server, kv_dir, system.block_device_of(kv_dir), texts,
+            live = LiveRun(run, server, kv_dir, system.block_device_of(kv_dir), prompt_ids,
                            opts.max_tokens, observers or [])
             for phase in phases:
                 done.append(run_phase(live, phase))

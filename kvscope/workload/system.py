@@ -46,6 +46,8 @@ def check_writable_dir(path: Path) -> None:
 
 def check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As uvicorn does: a previous server's TIME_WAIT connections must not count as in use.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:

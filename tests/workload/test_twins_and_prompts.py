@@ -49,16 +49,24 @@ def test_twin_refuses_a_foreign_directory(tmp_path):
         twins.make(twins.get("tiny"), tmp_path / "x")
 
 
-def test_prompts_have_exact_token_counts_and_shared_prefix(tmp_path):
-    from transformers import AutoTokenizer
-
+def test_prompts_have_exact_lengths_shared_prefix_and_no_special_tokens():
     spec = twins.get("tiny")
-    path, _ = twins.make(spec, tmp_path / "tiny")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    prompts = make_prompts(3, 300, vocab_size=spec.vocab_size, seed=1, shared_prefix_tokens=256)
-    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    ids = make_prompts(3, 300, vocab_size=spec.vocab_size, seed=1, shared_prefix_tokens=256)
     assert all(len(i) == 300 for i in ids)
     assert ids[0][:256] == ids[1][:256] == ids[2][:256]
     assert ids[0][256:] != ids[1][256:]
-    assert tokenizer.unk_token_id not in ids[0]
-    assert make_prompts(3, 300, vocab_size=spec.vocab_size, seed=1, shared_prefix_tokens=256) == prompts
+    assert min(min(i) for i in ids) >= len(twins.SPECIAL_TOKENS)
+    assert max(max(i) for i in ids) < spec.vocab_size
+    assert make_prompts(3, 300, vocab_size=spec.vocab_size, seed=1, shared_prefix_tokens=256) == ids
+    with pytest.raises(ValueError, match="does not fit"):
+        make_prompts(1, 10, vocab_size=spec.vocab_size, seed=1, shared_prefix_tokens=11)
+
+
+def test_tokenizer_round_trips_words(tmp_path):
+    from transformers import AutoTokenizer
+
+    path, _ = twins.make(twins.get("tiny"), tmp_path / "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = tokenizer("w7 w8 w1023")["input_ids"]
+    assert ids == [7, 8, 1023]
+    assert tokenizer.decode(ids) == "w7 w8 w1023"
