@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from probes import frames
+from probes.btf import kernel_offsets
 from probes.block_bpf import EVENT_DTYPE, LOST_KEYS, BlockOptions, render
 from probes.collect import RingCollector
 
@@ -50,7 +51,9 @@ class BlockProbe:
                  devices: Iterable[str] | None = None) -> None:
         self.pids = sorted(set(pids or ()))
         self.devs = sorted({resolve_device(d) for d in devices or ()})
-        self.opts = replace(opts, filter_pids=bool(self.pids), filter_devices=bool(self.devs))
+        offsets = opts.offsets or (kernel_offsets() if opts.key == "rq" else {})
+        self.opts = replace(opts, filter_pids=bool(self.pids), filter_devices=bool(self.devs),
+                            offsets=offsets)
         self._bpf: Any = None
         self._collector: RingCollector | None = None
         self._records: Any = None

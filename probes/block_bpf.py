@@ -1,25 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
 """The block probe's kernel side: BPF text and the pure render() that fills its placeholders.
 
-Two keyings share one text. `rq` (best): raw tracepoints keyed by the `struct request *`, paired
-on each CPU with the classic `block_rq_issue` tracepoint for dev/bytes/rwbs (the two fire back to
-back for one call; the pair is checked by sector). `dev_sector`: classic tracepoints only, keyed
-by (dev, sector), for kernels without raw tracepoint support. No kprobes, no hand-written
+Two keyings share one text. `rq` (best): raw tracepoints only, keyed by the `struct request *`;
+dev, sector, length and op are read from the request at offsets found in the kernel's BTF, so
+no header tree has to match the running kernel. `dev_sector`: classic tracepoints only, keyed by
+(dev, sector), for kernels without raw tracepoints or BTF. No kprobes, no hand-written
 tracepoint structs (bcc builds `args` from tracefs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 # Indexes of the `lost` array, also the manifest's lost_events keys.
-LOST_KEYS = ("ringbuf_full", "unpaired_issue", "map_full")
+LOST_KEYS = ("ringbuf_full", "map_full")
 
 BPF_TEXT = r"""
 #include <uapi/linux/ptrace.h>
-#include <linux/blk-mq.h>
 
 #define KEY_RQ KEY_RQ_VALUE
 #define FILTER_PIDS FILTER_PIDS_VALUE
@@ -50,7 +49,7 @@ BPF_HASH(pids, u32, u8, 1024);
 BPF_HASH(devs, u32, u8, 64);
 BPF_HISTOGRAM(queue_us, struct hist_key_t, 4096);
 BPF_HISTOGRAM(service_us, struct hist_key_t, 4096);
-BPF_ARRAY(lost, u64, 3);
+BPF_ARRAY(lost, u64, 2);
 
 static inline void count_lost(int index) {
     u64 *n = lost.lookup(&index);
@@ -66,7 +65,7 @@ static inline void start_request(rqkey_t *key) {
     s.tgid = tgid;
     s.tid = (u32)id;
     bpf_get_current_comm(&s.comm, sizeof(s.comm));
-    if (starts.update(key, &s) < 0) count_lost(2);
+    if (starts.update(key, &s) < 0) count_lost(1);
 }
 
 static inline void insert_request(rqkey_t *key) {
@@ -89,7 +88,7 @@ static inline void issue_request(rqkey_t *key, u32 dev, u64 sector, u32 bytes, c
         r.tracked = 1;
         starts.delete(key);
     }
-    if (reqs.update(key, &r) < 0) count_lost(2);
+    if (reqs.update(key, &r) < 0) count_lost(1);
 }
 
 static inline void complete_request(rqkey_t *key, s32 error) {
@@ -116,15 +115,25 @@ static inline void complete_request(rqkey_t *key, s32 error) {
 }
 
 #if KEY_RQ
-struct pair_t { u64 rq; u64 rq_sector; u64 tp_sector; u32 dev; u32 bytes; char rwbs[8]; u32 have; };
-BPF_PERCPU_ARRAY(issue_pair, struct pair_t, 1);
+/* Kernel struct fields at offsets taken from the running kernel's BTF (probes/btf.py). */
+static inline u64 read_u64(void *base, u32 offset) {
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (char *)base + offset);
+    return v;
+}
 
-/* Both halves of one block_rq_issue call have arrived on this CPU: check and record. */
-static inline void issue_paired(struct pair_t *p) {
-    p->have = 0;
-    if (p->tp_sector && p->tp_sector != p->rq_sector) { count_lost(1); return; }
-    rqkey_t key = p->rq;
-    issue_request(&key, p->dev, p->tp_sector, p->bytes, p->rwbs);
+static inline u32 read_u32(void *base, u32 offset) {
+    u32 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (char *)base + offset);
+    return v;
+}
+
+/* Whole-disk dev_t of a request: rq->q->disk->{major, first_minor}, as block events report. */
+static inline u32 request_dev(void *rq) {
+    void *q = (void *)read_u64(rq, REQUEST_Q);
+    void *disk = q ? (void *)read_u64(q, REQUEST_QUEUE_DISK) : 0;
+    if (!disk) return 0;
+    return (read_u32(disk, GENDISK_MAJOR) << 20) | read_u32(disk, GENDISK_FIRST_MINOR);
 }
 
 RAW_TRACEPOINT_PROBE(START_TRACEPOINT) {
@@ -140,35 +149,20 @@ RAW_TRACEPOINT_PROBE(block_rq_insert) {
 }
 
 RAW_TRACEPOINT_PROBE(block_rq_issue) {
-    struct request *rq = (struct request *)ctx->args[0];
-    u32 zero = 0;
-    struct pair_t *p = issue_pair.lookup(&zero);
-    if (!p) return 0;
-    if (p->have & 1) count_lost(1);
-    p->rq = (u64)rq;
-    bpf_probe_read_kernel(&p->rq_sector, sizeof(p->rq_sector), &rq->__sector);
-    p->have |= 1;
-    if (p->have == 3) issue_paired(p);
-    return 0;
-}
-
-TRACEPOINT_PROBE(block, block_rq_issue) {
-    u32 zero = 0;
-    struct pair_t *p = issue_pair.lookup(&zero);
-    if (!p) return 0;
-    if (p->have & 2) count_lost(1);
-    p->dev = args->dev; p->tp_sector = args->sector; p->bytes = args->bytes;
-    bpf_probe_read_kernel(&p->rwbs, sizeof(p->rwbs), args->rwbs);
-    p->have |= 2;
-    if (p->have == 3) issue_paired(p);
+    void *rq = (void *)ctx->args[0];
+    u32 op = read_u32(rq, REQUEST_CMD_FLAGS) & 0xff;   /* REQ_OP_MASK */
+    char rwbs[8] = {};
+    rwbs[0] = op == 0 ? 'R' : op == 1 ? 'W' : op == 2 ? 'F' : op == 3 ? 'D' : 'O';
+    rqkey_t key = ctx->args[0];
+    issue_request(&key, request_dev(rq), read_u64(rq, REQUEST___SECTOR),
+                  read_u32(rq, REQUEST___DATA_LEN), rwbs);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(block_rq_complete) {
-    struct request *rq = (struct request *)ctx->args[0];
-    u32 remaining = 0;
-    bpf_probe_read_kernel(&remaining, sizeof(remaining), &rq->__data_len);
-    if ((u32)ctx->args[2] < remaining) return 0;   /* partial completion: more to come */
+    void *rq = (void *)ctx->args[0];
+    if ((u32)ctx->args[2] < read_u32(rq, REQUEST___DATA_LEN))
+        return 0;   /* partial completion: more to come */
     rqkey_t key = ctx->args[0];
     complete_request(&key, -(s32)(u8)ctx->args[1]);   /* blk_status_t, mapped in userspace */
     return 0;
@@ -202,6 +196,9 @@ TRACEPOINT_PROBE(block, block_rq_complete) {
 #endif
 """
 
+OFFSET_NAMES = {"REQUEST_Q", "REQUEST_CMD_FLAGS", "REQUEST___DATA_LEN", "REQUEST___SECTOR",
+                "REQUEST_QUEUE_DISK", "GENDISK_MAJOR", "GENDISK_FIRST_MINOR"}
+
 # Userspace view of struct event_t (C alignment rules; checked against each record's size).
 EVENT_DTYPE = np.dtype(
     [
@@ -223,12 +220,16 @@ class BlockOptions:
     filter_devices: bool = False
     ringbuf_pages: int = 1024  # 4 MiB
     max_requests: int = 16384
+    offsets: dict[str, int] = field(default_factory=dict)  # probes.btf.kernel_offsets(), rq only
 
 
 def render(opts: BlockOptions) -> str:
     """The exact program loaded for `opts` (also what `kvscope probe --ebpf` prints)."""
     if opts.key not in ("rq", "dev_sector"):
         raise ValueError(f"block probe key {opts.key!r}: expected 'rq' or 'dev_sector'")
+    missing = sorted(OFFSET_NAMES - set(opts.offsets)) if opts.key == "rq" else []
+    if missing:
+        raise ValueError(f"key 'rq' needs struct offsets {missing} (probes.btf.kernel_offsets())")
     if opts.ringbuf_pages & (opts.ringbuf_pages - 1):
         raise ValueError(f"ringbuf_pages {opts.ringbuf_pages}: must be a power of two")
     substitutions = {
@@ -239,7 +240,8 @@ def render(opts: BlockOptions) -> str:
         "RINGBUF_PAGES": str(opts.ringbuf_pages),
         "MAX_REQUESTS": str(opts.max_requests),
     }
-    text = BPF_TEXT
+    defines = "".join(f"#define {n} {opts.offsets.get(n, 0)}\n" for n in sorted(OFFSET_NAMES))
+    text = defines + BPF_TEXT
     for placeholder, value in substitutions.items():
         text = text.replace(placeholder, value)
     return text

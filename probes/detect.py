@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probes.btf import BtfError, kernel_offsets
+
 TRACEFS_ROOTS = (Path("/sys/kernel/debug/tracing"), Path("/sys/kernel/tracing"))
 NVME_TRACEPOINTS = ("nvme_setup_cmd", "nvme_complete_rq")
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39  # include/uapi/linux/capability.h
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class Plan:
     start_tracepoint: str
     nvme: bool
     tracepoints: list[str] = field(default_factory=list)
+    offsets: dict[str, int] = field(default_factory=dict)  # kernel struct offsets (rq only)
+    note: str = ""  # why a lesser keying was chosen, "" for the best one
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,19 @@ def _headers_found() -> bool:
     return Path("/sys/kernel/kheaders.tar.xz").exists()
 
 
+def _can_load_bpf(status: str) -> bool:
+    """CapEff of /proc/self/status holds CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN."""
+    line = next(ln for ln in status.splitlines() if ln.startswith("CapEff:"))
+    caps = int(line.split()[1], 16)
+    has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
+    return has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON))
+
+
 def _environment_problem() -> Fallback | None:
     setup = "run `sudo bash scripts/setup.sh` (it runs scripts/setup.d/bcc.sh)"
-    if os.geteuid() != 0:
-        return Fallback("not running as root (attaching BPF programs needs root)",
+    if not _can_load_bpf(Path("/proc/self/status").read_text()):
+        return Fallback("not running as root: this process lacks CAP_BPF + CAP_PERFMON (or "
+                        "CAP_SYS_ADMIN), which loading BPF programs needs",
                         "run kvscope as root, e.g. `sudo .venv/bin/kvscope ...`")
     try:
         import bcc  # noqa: F401
@@ -88,9 +102,21 @@ def detect() -> Plan | Fallback:
     return _plan(BPF, has)
 
 
+def _rq_offsets(bpf: Any, has: dict[str, bool]) -> tuple[dict[str, int], str]:
+    """Struct offsets for request-pointer keying, or why that keying is out of reach."""
+    if not bpf.support_raw_tracepoint():
+        return {}, "the kernel has no raw tracepoints"
+    if not has["block_io_start"]:
+        return {}, "block:block_io_start (6.5+) is missing"
+    try:
+        return kernel_offsets(), ""
+    except BtfError as e:
+        return {}, str(e)
+
+
 def _plan(bpf: Any, has: dict[str, bool]) -> Plan | Fallback:
-    raw = bpf.support_raw_tracepoint()
-    if raw and has["block_io_start"]:
+    offsets, note = _rq_offsets(bpf, has)
+    if offsets:
         key, start = "rq", "block_io_start"
     elif has["block_io_start"] or has["block_getrq"]:
         key, start = "dev_sector", "block_io_start" if has["block_io_start"] else "block_getrq"
@@ -101,8 +127,8 @@ def _plan(bpf: Any, has: dict[str, bool]) -> Plan | Fallback:
     kind = "raw_tp" if key == "rq" else "tp"
     tracepoints = [f"{kind}:block:{n}" for n in (start, "block_rq_insert", "block_rq_issue",
                                                  "block_rq_complete")]
-    if key == "rq":
-        tracepoints.append("tp:block:block_rq_issue")
     if nvme:
         tracepoints += [f"tp:nvme:{n}" for n in NVME_TRACEPOINTS]
-    return Plan(key=key, start_tracepoint=start, nvme=nvme, tracepoints=tracepoints)
+    note = f"keyed by (dev, sector) because {note}" if note else ""
+    return Plan(key=key, start_tracepoint=start, nvme=nvme, tracepoints=tracepoints,
+                offsets=offsets, note=note)

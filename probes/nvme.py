@@ -45,14 +45,16 @@ def events_frame(records: np.ndarray) -> pd.DataFrame:
     )
 
 
-def join_commands(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+def join_commands(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
     """One row per completed command: each completion takes the setup just before it on its key.
 
-    Returns the commands and counts of setups without completion (in flight at stop, or set up
-    again after a failed queue_rq) and completions without setup (in flight at start).
+    Returns the commands, the setups still open at the end (in flight when the probe stopped),
+    and counts of setups without completion (open, or set up again after a failed queue_rq)
+    and of completions without setup (in flight when the probe started).
     """
     ordered = events.sort_values(["ts_ns", "kind"], kind="stable", ignore_index=True)
-    prev = ordered.groupby(["ctrl_id", "qid", "tag"], sort=False).shift(1)
+    by_key = ordered.groupby(["ctrl_id", "qid", "tag"], sort=False)
+    prev, nxt = by_key.shift(1), by_key.shift(-1)
     is_pair = (ordered["kind"] == COMPLETE) & (prev["kind"] == SETUP)
     setups = prev[is_pair]
     done = ordered[is_pair]
@@ -65,11 +67,12 @@ def join_commands(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
             "complete_ns": done["ts_ns"], "status": done["status"],
         }
     ).reset_index(drop=True)
+    still_open = ordered[(ordered["kind"] == SETUP) & nxt["kind"].isna()]
     n_setup = int((ordered["kind"] == SETUP).sum())
     n_complete = int((ordered["kind"] == COMPLETE).sum())
     unmatched = {"setup_without_completion": n_setup - len(commands),
                  "completion_without_setup": n_complete - len(commands)}
-    return commands, unmatched
+    return commands, still_open, unmatched
 
 
 def transports(sys_root: Path = Path("/sys")) -> dict[int, str]:
@@ -101,14 +104,15 @@ def nvme_frame(commands: pd.DataFrame, phase: str, sys_root: Path = Path("/sys")
     return frame[columns].reset_index(drop=True)
 
 
-def nvme_steps(commands: pd.DataFrame) -> pd.DataFrame:
+def nvme_steps(commands: pd.DataFrame, still_open: pd.DataFrame) -> pd.DataFrame:
     """Depth steps per (controller, I/O queue); the admin queue (qid 0) is left out."""
-    io = commands[commands["qid"] > 0]
-    device = "nvme" + io["ctrl_id"].astype(str)
-    up = pd.DataFrame({"ts_ns": io["setup_ns"], "device": device, "hw_queue": io["qid"], "delta": 1})
-    down = pd.DataFrame({"ts_ns": io["complete_ns"], "device": device, "hw_queue": io["qid"],
-                         "delta": -1})
-    return pd.concat([up, down], ignore_index=True)
+    def steps(frame: pd.DataFrame, ts: str, delta: int) -> pd.DataFrame:
+        io = frame[frame["qid"] > 0]
+        return pd.DataFrame({"ts_ns": io[ts], "device": "nvme" + io["ctrl_id"].astype(str),
+                             "hw_queue": io["qid"], "delta": delta})
+
+    return pd.concat([steps(commands, "setup_ns", 1), steps(still_open, "ts_ns", 1),
+                      steps(commands, "complete_ns", -1)], ignore_index=True)
 
 
 def nvme_summary(nvme_io: pd.DataFrame, depth: pd.DataFrame) -> list[dict[str, Any]]:
@@ -174,7 +178,7 @@ class NvmeProbe:
 def decode(records: np.ndarray, phase: str,
            sys_root: Path = Path("/sys")) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Everything the run directory gets from a batch of NVMe probe records."""
-    commands, unmatched = join_commands(events_frame(records))
+    commands, still_open, unmatched = join_commands(events_frame(records))
     rows = nvme_frame(commands, phase, sys_root)
-    depth = frames.depth_series(nvme_steps(commands), phase)
+    depth = frames.depth_series(nvme_steps(commands, still_open), phase)
     return rows, depth, {"unmatched": unmatched, "per_queue": nvme_summary(rows, depth)}

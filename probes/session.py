@@ -56,7 +56,10 @@ class ProbeSession:
         self.started_ns = time.monotonic_ns()
 
     def _start_bpf(self, plan: Plan) -> None:
-        opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint)
+        opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint,
+                            offsets=plan.offsets)
+        if plan.note:
+            log.warning("kvscope probes: %s", plan.note)
         self.block = BlockProbe(opts, pids=self.pids, devices=self.devices)
         try:
             self.block.start()
@@ -105,7 +108,8 @@ class ProbeSession:
             rows.update(nvme_io=len(nvme_io), queue_depth=rows["queue_depth"] + len(nvme_depth))
             lost.update(self.nvme.lost_events)
             record["nvme"] = summary
-        return {"mode": "bpf", "key": self.plan.key, "tracepoints": self.plan.tracepoints,
+        return {"mode": "bpf", "key": self.plan.key, "key_note": self.plan.note,
+                "tracepoints": self.plan.tracepoints,
                 "why_fallback": "", "lost_events": lost, "rows": rows, **record}
 
     def __enter__(self) -> "ProbeSession":

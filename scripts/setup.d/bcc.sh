@@ -10,7 +10,8 @@ release="$(uname -r)"
 log() { printf '[setup bcc] %s\n' "$*" >&2; }
 
 install_packages() {
-  local wanted=(bpfcc-tools python3-bpfcc libbpfcc linux-headers-amd64 bpftool) missing=()
+  # bpftool: BTF struct offsets and the detach check; fio: the known workload of tests and bench
+  local wanted=(bpfcc-tools python3-bpfcc libbpfcc linux-headers-amd64 bpftool fio) missing=()
   for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
   done

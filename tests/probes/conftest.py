@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fixtures for the probe tests: run directories, a data file on the root disk, a loop device,
-and a known O_DIRECT workload running in its own process (so a pid filter can single it out)."""
+and a known O_DIRECT workload (fio) in its own process, so a pid filter can single it out."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -15,11 +14,18 @@ import numpy as np
 import pytest
 
 from kvscope import rundir
-from probes.loadgen import make_file
 from probes.nvme_bpf import NVME_DTYPE
 
 DATA = Path(__file__).parent / "data"
 SCRATCH = Path("/var/tmp/kvscope-probe-tests")  # on the root disk (/tmp could be tmpfs)
+
+
+def make_file(path: Path, size_bytes: int) -> None:
+    """A file of real (non-sparse) random data, flushed to the device."""
+    with open(path, "wb") as f:
+        for _ in range(0, size_bytes, 1 << 20):
+            f.write(os.urandom(1 << 20))
+        os.fsync(f.fileno())
 
 
 @pytest.fixture
@@ -51,28 +57,39 @@ def loop_device(data_file: Path) -> Iterator[Path]:
 
 
 class Workload:
-    """probes.loadgen in a child process, held at 'ready' until go() so probes attach first."""
+    """`count` O_DIRECT reads of `size` bytes, `depth` at a time (fio, libaio, one thread).
+
+    Reads skip one block after each (rw=read:SIZE), so the I/O scheduler cannot merge two into
+    one request; each batch of `depth` is submitted in one io_submit and fully reaped before the
+    next. fio waits in a shell for go(), so probes attach with the pid known before any read.
+    """
 
     def __init__(self, path: Path, *, count: int, size: int, depth: int) -> None:
         self.count, self.size, self.depth = count, size, depth
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "probes.loadgen", str(path), "--count", str(count),
-             "--size", str(size), "--depth", str(depth), "--ready"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-        assert self.proc.stdout.readline().strip() == "ready"
+        fio = (f"fio --name=kvscope-probe-test --filename={path} --rw=read:{size} --bs={size} "
+               f"--direct=1 --ioengine=libaio --iodepth={depth} --iodepth_batch_submit={depth} "
+               f"--iodepth_batch_complete_min={depth} --number_ios={count} --thread "
+               f"--output-format=json")
+        self.proc = subprocess.Popen(["sh", "-c", f"read go && exec {fio}"], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.pid = self.proc.pid
 
     def go(self) -> int:
-        """Release the reads and return how many completed."""
-        out, _ = self.proc.communicate("\n", timeout=120)
-        assert self.proc.returncode == 0
-        return int(out.split()[-1])
+        """Release the reads; returns how many completed."""
+        out, _ = self.proc.communicate("go\n", timeout=120)
+        assert self.proc.returncode == 0, out
+        return int(json.loads(out)["jobs"][0]["read"]["total_ios"])
 
 
 @pytest.fixture
 def workload() -> type[Workload]:
     return Workload
+
+
+@pytest.fixture(scope="session")
+def recorded_nvme_data() -> tuple[np.ndarray, Path]:
+    """The recorded NVMe events as probe records, and the sysfs slice they go with."""
+    return recorded_nvme_records("nvme_events.jsonl"), DATA / "sys"
 
 
 def recorded_nvme_records(name: str) -> np.ndarray:

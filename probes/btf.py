@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Byte offsets of the few kernel struct fields the block probe reads, taken from the running
+kernel's BTF (/sys/kernel/btf/vmlinux via bpftool), so no header tree has to match the kernel.
+
+bcc 0.26 has no CO-RE for its C programs; these offsets are its hand-made relocations.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+# struct -> fields the raw-tracepoint program reads (request -> q -> disk -> major/first_minor)
+NEEDED = {
+    "request": ("q", "cmd_flags", "__data_len", "__sector"),
+    "request_queue": ("disk",),
+    "gendisk": ("major", "first_minor"),
+}
+
+_MEMBER = re.compile(r"^\s+'([^']+)' type_id=\d+ bits_offset=(\d+)")
+
+
+class BtfError(RuntimeError):
+    """The kernel's BTF cannot give the offsets; the message says what is missing."""
+
+
+def struct_offsets(dump: str, needed: dict[str, tuple[str, ...]]) -> dict[str, int]:
+    """`STRUCT_FIELD -> byte offset` (e.g. REQUEST___SECTOR) from `bpftool btf dump ... raw`.
+
+    Searches the text for each struct header (str.find, fast on the ~20 MB dump) and reads only
+    its member lines; the first definition with a non-zero size wins.
+    """
+    found: dict[str, int] = {}
+    for struct, fields in needed.items():
+        at = dump.find(f"] STRUCT '{struct}' size=")
+        while at >= 0 and dump.startswith("0 ", dump.find("size=", at) + 5):
+            at = dump.find(f"] STRUCT '{struct}' size=", at + 1)
+        if at < 0:
+            continue
+        header_end = dump.find("\n", at)
+        vlen = int(dump[dump.rfind("vlen=", at, header_end) + 5:header_end])
+        for line in dump[header_end + 1:].split("\n", vlen)[:vlen]:
+            member = _MEMBER.match(line)
+            if member and member.group(1) in fields:
+                found[f"{struct}_{member.group(1)}".upper()] = int(member.group(2)) // 8
+    wanted = {f"{s}_{f}".upper() for s, fields in needed.items() for f in fields}
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise BtfError(f"kernel BTF lacks struct fields {missing}")
+    return found
+
+
+def kernel_offsets() -> dict[str, int]:
+    """Offsets for NEEDED on the running kernel; BtfError if BTF or bpftool is missing."""
+    if not VMLINUX_BTF.exists():
+        raise BtfError(f"{VMLINUX_BTF} is missing (kernel built without CONFIG_DEBUG_INFO_BTF)")
+    try:
+        dump = subprocess.run(["bpftool", "btf", "dump", "file", str(VMLINUX_BTF), "format", "raw"],
+                              check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise BtfError(f"bpftool cannot dump {VMLINUX_BTF} ({e}); install Debian's bpftool") from e
+    return struct_offsets(dump, NEEDED)

@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The BPF text and the pure record conversions, without root or BPF."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probes import btf, frames, sampler
+from probes.block_bpf import EVENT_DTYPE, OFFSET_NAMES, BlockOptions, render
+
+OFFSETS = {name: 8 * i for i, name in enumerate(sorted(OFFSET_NAMES))}
+
+
+@pytest.mark.parametrize(
+    ("opts", "present"),
+    [
+        pytest.param(BlockOptions(offsets=OFFSETS),
+                     ["#define KEY_RQ 1", "RAW_TRACEPOINT_PROBE(block_io_start)",
+                      "#define FILTER_PIDS 0",
+                      f"#define REQUEST_QUEUE_DISK {OFFSETS['REQUEST_QUEUE_DISK']}"], id="rq"),
+        pytest.param(BlockOptions(key="dev_sector", start_tracepoint="block_getrq",
+                                  filter_pids=True, filter_devices=True),
+                     ["#define KEY_RQ 0", "TRACEPOINT_PROBE(block, block_getrq)",
+                      "#define FILTER_PIDS 1", "#define FILTER_DEVS 1"], id="dev-sector"),
+    ],
+)
+def test_render_fills_every_placeholder(opts: BlockOptions, present: list[str]) -> None:
+    text = render(opts)
+    for snippet in present:
+        assert snippet in text
+    for placeholder in ("_VALUE", "START_TRACEPOINT", "RINGBUF_PAGES", "MAX_REQUESTS"):
+        assert placeholder not in text
+
+
+@pytest.mark.parametrize("opts", [BlockOptions(key="pointer"), BlockOptions(),
+                                  BlockOptions(offsets=OFFSETS, ringbuf_pages=3)])
+def test_render_rejects_bad_options(opts: BlockOptions) -> None:
+    with pytest.raises(ValueError):
+        render(opts)
+
+
+@pytest.mark.parametrize(("rwbs", "op"), [("RS", "R"), ("W", "W"), ("FWS", "W"), ("F", "F"),
+                                          ("DS", "D"), ("N", "O"), ("", "O")])
+def test_op_from_rwbs(rwbs: str, op: str) -> None:
+    assert frames.op_from_rwbs(rwbs) == op
+
+
+def test_struct_offsets_from_a_btf_dump() -> None:
+    dump = (
+        "[7] STRUCT 'request' size=0 vlen=0\n"  # a forward-declared copy is skipped
+        "[8] STRUCT 'request_queue' size=900 vlen=2\n\t'queuedata' type_id=1 bits_offset=0\n"
+        "\t'disk' type_id=2 bits_offset=832\n"
+        "[9] STRUCT 'request' size=248 vlen=3\n\t'q' type_id=3 bits_offset=0\n"
+        "\t'__sector' type_id=4 bits_offset=384\n\t'tag' type_id=5 bits_offset=256\n"
+    )
+    offsets = btf.struct_offsets(dump, {"request": ("q", "__sector"), "request_queue": ("disk",)})
+    assert offsets == {"REQUEST_Q": 0, "REQUEST___SECTOR": 48, "REQUEST_QUEUE_DISK": 104}
+    with pytest.raises(btf.BtfError, match="GENDISK_MAJOR"):
+        btf.struct_offsets(dump, {"gendisk": ("major",)})
+
+
+def test_event_dtype_matches_the_c_struct() -> None:
+    # 5 u64 + 6 u32 + comm[16] + rwbs[8] = 40 + 24 + 24 bytes, 8-aligned
+    assert EVENT_DTYPE.itemsize == 88
+
+
+def test_block_frame_maps_status_and_drops_untracked() -> None:
+    ev = np.zeros(3, dtype=EVENT_DTYPE)
+    ev["tracked"] = [1, 0, 1]
+    ev["dev"] = (7 << 20) | 3
+    ev["issue_ns"], ev["complete_ns"] = [10, 20, 30], [15, 25, 35]
+    ev["start_ns"] = [5, 0, 0]
+    ev["error"] = [0, 0, -10]  # raw tracepoint: -BLK_STS_IOERR
+    ev["rwbs"] = b"R"
+    frame = frames.block_frame(ev, "p", from_status=True)
+    assert frame["error"].tolist() == [0, -5]
+    assert frame["start_ns"].tolist() == [5, -1] and frame["pid"].tolist() == [0, -1]
+    assert frame["dev"].tolist() == ["7:3", "7:3"]
+
+
+def test_depth_series_counts_per_device_and_queue() -> None:
+    steps = pd.DataFrame({"ts_ns": [1, 2, 3, 3, 5, 6], "device": ["a", "a", "b", "a", "a", "b"],
+                          "hw_queue": -1, "delta": [1, 1, 1, -1, -1, -1]})
+    depth = frames.depth_series(steps, "p")
+    assert depth["inflight"].tolist() == [1, 2, 1, 1, 0, 0]
+    assert depth["device"].tolist() == ["a", "a", "a", "b", "a", "b"]
+
+
+def test_diskstats_delta() -> None:
+    line = "254 0 vda {} 0 {} 0 {} 0 {} 0 {} 7 0\n"
+    before = sampler.read_diskstats(line.format(10, 100, 5, 0, 1), ["vda"])
+    after = sampler.read_diskstats(line.format(13, 164, 5, 0, 2), ["vda", "sdz"])
+    delta = sampler.diskstats_delta(before, after)["vda"]
+    assert delta["reads"] == 3 and delta["read_bytes"] == 64 * 512 and delta["in_flight"] == 2
