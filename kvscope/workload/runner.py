@@ -23,6 +23,7 @@ from tqdm import tqdm
 from kvscope import clock, rundir, twins
 from kvscope.workload import profiles, prompts, system, vllm_metrics
 from kvscope.workload.client import RequestPlan, RequestRecord, run_requests
+from kvscope.workload.observers import ProbeObserver
 from kvscope.workload.server import ServerConfig, VLLMServer
 
 GIB = 1 << 30
@@ -54,6 +55,7 @@ class RunOptions:
     port: int = 8000
     seed: int = 0
     kv_cache_gib: int | None = None
+    probes: bool = True
     command: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -230,8 +232,11 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                 "argv": config.argv(), "env": config.env(run / "lmcache.yaml"),
                 "startup_s": round(server.startup_s, 2),
             })
-            live = LiveRun(run, server, kv_dir, system.block_device_of(kv_dir), prompt_ids,
-                           opts.max_tokens, observers or [])
+            device = system.block_device_of(kv_dir)
+            watching = list(observers or [])
+            if opts.probes:
+                watching.insert(0, ProbeObserver(device))
+            live = LiveRun(run, server, kv_dir, device, prompt_ids, opts.max_tokens, watching)
             for phase in phases:
                 done.append(run_phase(live, phase))
                 rundir.update_manifest(run, "phases", done)

@@ -47,3 +47,11 @@ def test_warm_then_cold_reads_every_full_chunk_from_disk(twin_dir, free_port, tm
     assert cold_phase["vllm"]["vllm:external_prefix_cache_hits_total"] == REQUESTS * 512
     assert manifest["server"]["startup_s"] > 0
     assert not (tmp_path / "kv").exists(), "chunk files are removed unless --keep-kv"
+
+    # The probes ran around each phase and saw the worker read the chunks back from the disk.
+    assert manifest["probes"]["mode"] == "bpf", manifest["probes"].get("why_fallback")
+    block_io = rundir.read_table(run, "block_io")
+    cold_reads = block_io[(block_io["phase"] == "cold") & (block_io["op"] == "R")]
+    assert set(cold_reads["pid"]) <= set(manifest["probes"]["pids"])
+    assert cold_reads["bytes"].sum() >= REQUESTS * 2 * chunk_bytes
+    assert (cold_reads["complete_ns"] >= cold_reads["issue_ns"]).all()
