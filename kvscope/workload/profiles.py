@@ -48,11 +48,24 @@ def _stock(threads: int | None) -> Callable[[Path], dict[str, Any]]:
     return build
 
 
+def _kvscope(mode: str) -> Callable[[Path], dict[str, Any]]:
+    def build(kv_dir: Path) -> dict[str, Any]:
+        from patched_backend.parallel_disk.profile import lmcache_settings
+
+        return lmcache_settings(kv_dir, mode=mode)
+
+    return build
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile("stock-serial", "LMCache's stock disk backend with one read thread", _stock(1)),
         Profile("stock", "LMCache's stock disk backend with its defaults", _stock(None)),
+        Profile("kvscope-serial", "kvscope's disk backend, one chunk and one read at a time",
+                _kvscope("serial")),
+        Profile("kvscope", "kvscope's parallel-read disk backend (docs/backend.md)",
+                _kvscope("parallel")),
     )
 }
 

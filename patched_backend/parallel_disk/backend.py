@@ -59,10 +59,9 @@ class ParallelDiskBackend(StoragePluginInterface):
         self._recover()
         s = self.settings
         self._engine = IOEngine(s.effective_queue_depth, s.effective_read_unit,
-                                s.max_inflight_bytes, s.read_delay_ms, s.odirect,
-                                s.verify_checksum)
+                                s.max_inflight_bytes, s.read_delay_ms, s.odirect)
         self._reads = ReadPath(self.path, s.mode, self._index, self._engine, self._stats,
-                               local_cpu_backend)
+                               local_cpu_backend, s.verify_checksum)
         self._writer = ChunkWriter(self.path, self._index, self._stats, s.write_threads)
         hooks.register_backend(self)
         logger.info("kvscope disk backend at %s: %s, %d chunks (%d bytes) found on disk",

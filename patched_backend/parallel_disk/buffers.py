@@ -30,5 +30,11 @@ def direct_view(data_ptr: int, physical_size: int, payload_len: int) -> Optional
 
 
 def staging_buffer(payload_len: int) -> memoryview:
-    """Page-aligned anonymous buffer of the padded payload size (freed with the view's mmap)."""
-    return memoryview(mmap.mmap(-1, padded(payload_len)))
+    """Page-aligned private anonymous buffer of the padded payload size, huge pages advised.
+
+    Private (not Python's default shared) mapping so transparent huge pages apply: with 4 KiB
+    pages a virtio-blk request (254 segments) carries at most ~1 MiB, with 2 MiB pages 4 MiB.
+    """
+    mm = mmap.mmap(-1, padded(payload_len), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mm.madvise(mmap.MADV_HUGEPAGE)
+    return memoryview(mm)

@@ -8,15 +8,18 @@ thread or file is created.
 # Standard
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
+import os
 import re
 
 PREFIX = "kvscope."
 ALIGN = 4096
 MODES = ("parallel", "serial")
+# Test/analysis knob also settable from the server's environment (extra_config wins).
+DELAY_ENV = "KVSCOPE_READ_DELAY_MS"
 
 # Defaults chosen from bench/read_path.py on the project's virtio disk (docs/backend.md).
-DEFAULT_READ_UNIT = 4 << 20
-DEFAULT_QUEUE_DEPTH = 16
+DEFAULT_READ_UNIT = 1 << 20
+DEFAULT_QUEUE_DEPTH = 32
 DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
 
 _UNITS = {
@@ -149,6 +152,6 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         max_inflight_bytes=size("max_inflight_bytes", DEFAULT_MAX_INFLIGHT_BYTES),
         verify_checksum=_parse_bool(PREFIX + "verify_checksum", extra.get(PREFIX + "verify_checksum", True)),
         odirect=_parse_bool(PREFIX + "odirect", extra.get(PREFIX + "odirect", True)),
-        read_delay_ms=number("read_delay_ms", 0.0, float),
+        read_delay_ms=number("read_delay_ms", float(os.environ.get(DELAY_ENV, 0.0)), float),
         write_threads=number("write_threads", 1, int),
     )

@@ -58,14 +58,14 @@ class EngineGeometry:
         return None
 
     def header_for(self, key: Any, obj: Any) -> ChunkHeader:
-        """Header of a chunk about to be written (payload_crc is filled in by the writer)."""
+        """Header of a chunk about to be written (the writer fills in the CRCs)."""
         positions = obj.metadata.cached_positions
         geometry = {name: value for name, value in (
             ("num_layers", self.num_layers), ("chunk_size", self.chunk_size),
             ("hidden", self.hidden)) if value is not None}
         return ChunkHeader(
             key=key.to_string(), shape=tuple(obj.get_shape()), dtype=str(obj.get_dtype()),
-            fmt=obj.get_memory_format().name, payload_len=obj.get_size(), payload_crc=0,
+            fmt=obj.get_memory_format().name, payload_len=obj.get_size(), crc_block=0, crcs=(),
             cached_positions=None if positions is None else [int(p) for p in positions.tolist()],
             geometry=geometry,
         )

@@ -17,9 +17,10 @@ import os
 import queue
 import threading
 import time
+import zlib
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, checksum, padded
+from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, padded
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +30,18 @@ Identity = tuple[int, int, int]  # st_dev, st_ino, st_size
 class ChunkRead:
     """One chunk file read into ``dest`` (aligned, ``padded(payload_len)`` bytes long).
 
-    ``copy_to``, when set, receives the payload after verification (staging-buffer case).
+    ``crcs`` (one per ``crc_block`` of payload; None: no verification) are checked block by
+    block by the reader thread that completes each block. ``copy_to``, when set, receives
+    the payload after verification (staging-buffer case).
     """
 
     def __init__(self, key: str, path: str, payload_len: int, dest: memoryview,
-                 expect_crc: Optional[int], identity: Optional[Identity],
+                 crcs: Optional[tuple[int, ...]], crc_block: int, identity: Optional[Identity],
                  copy_to: Optional[memoryview] = None) -> None:
         self.key, self.path, self.payload_len = key, path, payload_len
-        self.dest, self.expect_crc, self.identity, self.copy_to = dest, expect_crc, identity, copy_to
+        self.dest, self.identity, self.copy_to = dest, identity, copy_to
+        self.crcs, self.crc_block = crcs, crc_block
+        self._verified = [False] * (len(crcs) if crcs else 0)
         self.error: Optional[tuple[str, str]] = None
         self.ready_ns = -1
         self.fd = -1
@@ -48,6 +53,22 @@ class ChunkRead:
         with self._lock:
             if self.error is None:
                 self.error = (reason, detail)
+
+    def verify(self, start: int, end: int) -> None:
+        """Check the CRC of every unverified block lying inside payload bytes [start, end)."""
+        if not self.crcs or self.error is not None:
+            return
+        block = self.crc_block
+        for index in range(-(-start // block), len(self.crcs)):
+            lo, hi = index * block, min((index + 1) * block, self.payload_len)
+            if hi > end:
+                break
+            if self._verified[index]:
+                continue
+            if zlib.crc32(self.dest[lo:hi]) & 0xFFFFFFFF != self.crcs[index]:
+                self.fail("checksum", f"{self.path}: CRC32 mismatch in payload bytes {lo}-{hi}")
+                return
+            self._verified[index] = True
 
     def _sub_done(self) -> bool:
         with self._lock:
@@ -108,10 +129,9 @@ class IOEngine:
     """``queue_depth`` reader threads serving one FIFO of sub-reads, bounded in bytes."""
 
     def __init__(self, queue_depth: int, read_unit: Optional[int], max_inflight_bytes: int,
-                 read_delay_ms: float = 0.0, odirect: bool = True, verify: bool = True) -> None:
+                 read_delay_ms: float = 0.0, odirect: bool = True) -> None:
         self.read_unit = read_unit
         self.odirect = odirect
-        self._verify = verify
         self._delay_s = read_delay_ms / 1000.0
         self._max_bytes = max_inflight_bytes
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -203,8 +223,9 @@ class IOEngine:
                     self._cond.wait()
                 self._inflight_bytes += nbytes
             try:
-                if chunk.error is None:
-                    self._read(chunk, view, offset)
+                if chunk.error is None and self._read(chunk, view, offset):
+                    start = offset - HEADER_SIZE
+                    chunk.verify(start, start + nbytes)
             finally:
                 with self._cond:
                     self._inflight_bytes -= nbytes
@@ -214,7 +235,8 @@ class IOEngine:
             if chunk._sub_done():
                 self._finish(chunk, batch)
 
-    def _read(self, chunk: ChunkRead, view: memoryview, offset: int) -> None:
+    def _read(self, chunk: ChunkRead, view: memoryview, offset: int) -> bool:
+        """Fill ``view`` from ``offset``; False (and the chunk failed) on a short read/error."""
         if self._delay_s:
             time.sleep(self._delay_s)
         try:
@@ -222,19 +244,18 @@ class IOEngine:
                 got = os.preadv(chunk.fd, [view], offset)
                 if got == 0:
                     chunk.fail("truncated", f"{chunk.path} ends before byte {offset}")
-                    return
+                    return False
                 view, offset = view[got:], offset + got
         except OSError as exc:
             chunk.fail("io_error", f"read {chunk.path} at {offset}: {exc}")
+            return False
+        return True
 
     def _finish(self, chunk: ChunkRead, batch: ReadBatch) -> None:
         os.close(chunk.fd)
-        payload = chunk.dest[: chunk.payload_len]
-        if chunk.error is None and self._verify and chunk.expect_crc is not None:
-            if checksum(payload) != chunk.expect_crc:
-                chunk.fail("checksum", f"{chunk.path}: payload CRC32 mismatch")
+        chunk.verify(0, chunk.payload_len)  # blocks that straddled sub-reads
         if chunk.error is None and chunk.copy_to is not None:
-            chunk.copy_to[:] = payload
+            chunk.copy_to[:] = chunk.dest[: chunk.payload_len]
         batch._chunk_done(chunk)
 
 

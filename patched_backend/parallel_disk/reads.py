@@ -45,8 +45,8 @@ class ReadPath:
     """Issues and settles batches of chunk reads for one backend."""
 
     def __init__(self, directory: str, mode: str, index: ChunkIndex, engine: IOEngine,
-                 stats: BackendStats, allocator: Any) -> None:
-        self._dir, self._mode, self._index = directory, mode, index
+                 stats: BackendStats, allocator: Any, verify: bool) -> None:
+        self._dir, self._mode, self._index, self._verify = directory, mode, index, verify
         self._engine, self._stats, self._allocator = engine, stats, allocator
 
     def start(self, keys: list[Hashable], kind: str, request_id: Optional[str],
@@ -109,8 +109,10 @@ class ReadPath:
         copy_to = None
         if dest is None:
             dest, copy_to = staging_buffer(length), raw_view(obj.data_ptr, length)
-        return ChunkRead(entry.header.key, entry.path, length, dest,
-                         entry.header.payload_crc, entry.identity, copy_to)
+        header = entry.header
+        return ChunkRead(header.key, entry.path, length, dest,
+                         header.crcs if self._verify else None, header.crc_block,
+                         entry.identity, copy_to)
 
     def _submit_event(self, batch: ReadBatch, keys: list[Hashable], kind: str,
                       request_id: Optional[str]) -> Optional[hooks.ReadSubmitEvent]:

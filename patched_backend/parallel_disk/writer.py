@@ -17,7 +17,9 @@ import time
 
 # First Party
 from patched_backend.parallel_disk import hooks
-from patched_backend.parallel_disk.chunkfile import ChunkHeader, checksum, file_size_for, write_chunk
+from patched_backend.parallel_disk.chunkfile import (
+    ChunkHeader, block_crcs, crc_block_for, file_size_for, write_chunk,
+)
 from patched_backend.parallel_disk.index import ChunkIndex, Entry
 from patched_backend.parallel_disk.stats import BackendStats
 
@@ -87,7 +89,8 @@ class ChunkWriter:
         error = ""
         try:
             payload = mem_obj.byte_array
-            header = replace(header, payload_crc=checksum(payload))
+            block = crc_block_for(header.payload_len)
+            header = replace(header, crc_block=block, crcs=block_crcs(payload, block))
             path, st = write_chunk(self._dir, header, payload)
         except OSError as exc:
             error = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"

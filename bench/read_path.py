@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Read-path benchmark: the disk tier's GB/s next to the device ceiling, measured in one run.
+
+Same chunk set for every path, page cache dropped before each measurement (needs root):
+
+  ceiling         raw O_DIRECT reader, 32 threads x 1 MiB or 4 MiB preadv (the better), no
+                  LMCache, no allocation, no checks: the device ceiling, measured on the
+                  same files right before or right after each path (alternating)
+  stock-serial    LMCache LocalDiskBackend, disk_io_threads=1
+  stock           LMCache LocalDiskBackend, defaults (4 threads, buffered)
+  kvscope-serial  ParallelDiskBackend, mode=serial (one chunk at a time, one read per chunk)
+  kvscope         ParallelDiskBackend, parallel (knobs below)
+
+Chunk sets: ``large`` = Qwen2.5-32B geometry (64 layers, 8 KV heads, head_dim 128, bf16, 256
+tokens = 64 MiB per chunk), ``small`` = Qwen2.5-0.5B geometry (24 layers, 2 KV heads, head_dim
+64 = 3 MiB per chunk). Every served chunk's content is checked.
+
+examples:
+  sudo .venv/bin/python bench/read_path.py                 # both sets, 4 repetitions
+  sudo .venv/bin/python bench/read_path.py --sets large --concurrency 4
+  sudo .venv/bin/python bench/read_path.py --sweep         # also kvscope knob variants
+"""
+
+# Standard
+from typing import Any, Optional
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# First Party
+from read_path_stores import ChunkSet, Store, drop_page_cache, raw_direct_read  # noqa: E402
+
+SETS = {
+    "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),
+    "small": ChunkSet("small", layers=24, kv_heads=2, head_dim=64, count=256),
+}
+SWEEP = [("1MiB", 8), ("1MiB", 64), ("4MiB", 8), ("4MiB", 32), ("16MiB", 8)]
+PLUGIN = {
+    "storage_plugin.kvscope.module_path": "patched_backend.parallel_disk.backend",
+    "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
+}
+
+
+def _parse(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("examples:")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", default="/var/tmp/kvscope-read-path",
+                        help="scratch directory on the disk under test (removed afterwards)")
+    parser.add_argument("--sets", default="large,small", help="comma list of: large, small")
+    parser.add_argument("--reps", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="concurrent requests splitting the chunk set (default 1)")
+    parser.add_argument("--read-unit", default="1MiB")
+    parser.add_argument("--queue-depth", type=int, default=32)
+    parser.add_argument("--max-inflight", default="128MiB")
+    parser.add_argument("--sweep", action="store_true", help="add kvscope knob variants")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    return parser.parse_args(argv)
+
+
+def _kvscope(path: str, **knobs: Any) -> dict[str, Any]:
+    extra = {**PLUGIN, "kvscope.path": path, "kvscope.capacity": "64GB",
+             **{f"kvscope.{k}": v for k, v in knobs.items()}}
+    return {"storage_plugins": ["kvscope"], "extra_config": extra}
+
+
+def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any], str]]:
+    stock = os.path.join(base, "stock")
+    shared = os.path.join(base, "kvscope")  # kvscope variants share files (durable index)
+    tuned = {"read_unit": args.read_unit, "queue_depth": args.queue_depth,
+             "max_inflight_bytes": args.max_inflight}
+    paths = {
+        "stock-serial": ({"local_disk": stock + "-1", "max_local_disk_size": 64,
+                          "extra_config": {"disk_io_threads": 1}}, "LocalDiskBackend"),
+        "stock": ({"local_disk": stock + "-4", "max_local_disk_size": 64}, "LocalDiskBackend"),
+        "kvscope-serial": (_kvscope(shared, mode="serial"), "kvscope"),
+        "kvscope": (_kvscope(shared, **tuned), "kvscope"),
+        "kvscope-noverify": (_kvscope(shared, verify_checksum=False, **tuned), "kvscope"),
+    }
+    if args.sweep:
+        for unit, depth in SWEEP:
+            paths[f"kvscope[{unit},qd{depth}]"] = (
+                _kvscope(shared, read_unit=unit, queue_depth=depth, max_inflight_bytes="512MiB"),
+                "kvscope")
+    return paths
+
+
+def _ceiling(files: list[str]) -> float:
+    """GB/s of the better of two raw O_DIRECT QD32 readers (1 MiB, 4 MiB) over ``files``."""
+    best = 0.0
+    for unit in (1 << 20, 4 << 20):
+        drop_page_cache()
+        elapsed, raw_bytes = raw_direct_read(files, unit, 32)
+        best = max(best, raw_bytes / elapsed / 1e9)
+    return best
+
+
+def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dict]:
+    base = os.path.join(args.dir, chunk_set.name)
+    shutil.rmtree(base, ignore_errors=True)
+    stores: dict[str, Store] = {}
+    try:
+        # the first store of each directory writes the chunks; kvscope variants opened after it
+        # find them through the durable index (as after a restart)
+        for label, (keys, loc) in _paths(args, base).items():
+            stores[label] = Store(label, chunk_set, keys, loc)
+            if len(stores[label].files()) == 0:
+                stores[label].fill()
+        nbytes = chunk_set.chunk_bytes * chunk_set.count
+        gbps: dict[str, list[float]] = {label: [] for label in stores}
+        ceiling: dict[str, list[float]] = {label: [] for label in stores}
+        for rep in range(args.reps):
+            for label, store in stores.items():
+                # pair each measurement with a ceiling on the same files, alternating which
+                # goes first: the virtio host's cache then favours neither side
+                first_ceiling = rep % 2 == 0
+                if first_ceiling:
+                    ceiling[label].append(_ceiling(store.files()))
+                drop_page_cache()
+                gbps[label].append(nbytes / store.read_all(args.concurrency) / 1e9)
+                if not first_ceiling:
+                    ceiling[label].append(_ceiling(store.files()))
+            print(f"  rep {rep + 1}: " + ", ".join(
+                f"{k} {v[-1]:.2f}/{ceiling[k][-1]:.2f}" for k, v in gbps.items()), flush=True)
+        return {"gbps": gbps, "ceiling": ceiling}
+    finally:
+        for store in stores.values():
+            store.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _table(chunk_set: ChunkSet, measured: dict[str, dict], concurrency: int) -> list[dict]:
+    gbps, ceiling = measured["gbps"], measured["ceiling"]
+    serial = gbps["stock-serial"]
+    rows = []
+    for label, values in gbps.items():
+        rows.append({
+            "set": chunk_set.name, "path": label, "concurrency": concurrency,
+            "gbps_median": statistics.median(values), "gbps": values,
+            "ceiling_gbps_median": statistics.median(ceiling[label]),
+            "ceiling_gbps": ceiling[label],
+            "x_ceiling": statistics.median(
+                v / c for v, c in zip(values, ceiling[label], strict=True)),
+            "x_stock_serial": statistics.median(v / s for v, s in zip(values, serial, strict=True)),
+        })
+    size = chunk_set.chunk_bytes / 2**20
+    print(f"\n{chunk_set.name}: {chunk_set.count} chunks x {size:g} MiB, concurrency {concurrency}"
+          f" (medians; x ceiling = median of paired ratios)")
+    print(f"{'path':<22}{'GB/s':>7}{'ceiling GB/s':>14}{'x ceiling':>11}{'x stock-serial':>16}")
+    for r in rows:
+        print(f"{r['path']:<22}{r['gbps_median']:>7.2f}{r['ceiling_gbps_median']:>14.2f}"
+              f"{r['x_ceiling']:>11.2f}{r['x_stock_serial']:>16.2f}")
+    return rows
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the benchmark; exit code 0, or 2 when the page cache cannot be dropped."""
+    args = _parse(argv)
+    logging.getLogger("lmcache").setLevel(logging.ERROR)
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
+    if not drop_page_cache():
+        print("ERROR: cannot drop the page cache (needs root): cold reads would be cached reads",
+              file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.sets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SETS]
+    if unknown:
+        print(f"ERROR: unknown --sets {unknown}; choose from {', '.join(SETS)}", file=sys.stderr)
+        return 2
+    rows = []
+    for name in names:
+        print(f"{name}: writing and reading ({args.reps} repetitions)", flush=True)
+        rows += _table(SETS[name], _measure_set(SETS[name], args), args.concurrency)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers of bench/read_path.py: chunk sets, LMCache stores per backend path, raw ceiling."""
+
+# Standard
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+import ctypes
+import mmap
+import os
+import threading
+import time
+
+# Third Party
+import torch
+
+
+@dataclass(frozen=True)
+class ChunkSet:
+    """N chunks of one model's KV geometry (KV_2LTD, bf16, 256 tokens)."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    count: int
+    tokens: int = 256
+
+    @property
+    def chunk_bytes(self) -> int:
+        return 2 * self.layers * self.tokens * self.kv_heads * self.head_dim * 2
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([2, self.layers, self.tokens, self.kv_heads * self.head_dim])
+
+
+def drop_page_cache() -> bool:
+    """sync + drop clean caches (root only); False when not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except PermissionError:
+        return False
+
+
+class Store:
+    """One LMCache StorageManager holding the chunk set under one backend configuration."""
+
+    def __init__(self, label: str, chunk_set: ChunkSet, config_keys: dict[str, Any],
+                 location: str) -> None:
+        # Third Party
+        from lmcache.utils import CacheEngineKey
+        from lmcache.v1.config import LMCacheEngineConfig
+        from lmcache.v1.event_manager import EventManager
+        from lmcache.v1.metadata import LMCacheMetadata
+        from lmcache.v1.pin_monitor import PinMonitor
+        from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+        self.label, self.chunk_set, self.location = label, chunk_set, location
+        pool_gb = chunk_set.chunk_bytes * chunk_set.count * 1.25 / 2**30 + 0.1
+        config = LMCacheEngineConfig.from_defaults(
+            chunk_size=chunk_set.tokens, local_cpu=False, max_local_cpu_size=pool_gb,
+            **config_keys)
+        meta = LMCacheMetadata(
+            model_name=f"bench-{chunk_set.name}", world_size=1, local_world_size=1, worker_id=0,
+            local_worker_id=0, kv_dtype=torch.bfloat16,
+            kv_shape=(chunk_set.layers, 2, chunk_set.tokens, chunk_set.kv_heads,
+                      chunk_set.head_dim))
+        PinMonitor.GetOrCreate(config, meta)
+        self.manager = StorageManager(config, meta, EventManager())
+        if location not in self.manager.storage_backends:
+            raise RuntimeError(f"{label}: backend {location} did not load")
+        self.keys = [CacheEngineKey(meta.model_name, 1, 0, 0xABC000 + i, torch.bfloat16)
+                     for i in range(chunk_set.count)]
+
+    def fill(self) -> None:
+        """Write the chunk set (chunk i is filled with a value derived from i)."""
+        for i, key in enumerate(self.keys):
+            obj = self.manager.allocate(self.chunk_set.shape, torch.bfloat16)
+            obj.tensor.fill_(float(i % 251))
+            self.manager.batched_put([key], [obj], location=self.location)
+        backend = self.manager.storage_backends[self.location]
+        deadline = time.monotonic() + 600
+        while any(backend.exists_in_put_tasks(k) for k in self.keys):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label}: writes did not finish in 600 s")
+            time.sleep(0.05)
+
+    def read_all(self, concurrency: int) -> float:
+        """Seconds to read every chunk: ``concurrency`` requests, each one batched get."""
+        groups = [self.keys[i::concurrency] for i in range(concurrency)]
+        results: list[list[Any]] = [[] for _ in groups]
+
+        def one(n: int) -> None:
+            results[n] = self.manager.batched_get(groups[n], location=self.location)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in range(concurrency)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+        self._check_and_release(groups, results)
+        return elapsed
+
+    def _check_and_release(self, groups: list[list[Any]], results: list[list[Any]]) -> None:
+        for keys, objs in zip(groups, results, strict=True):
+            for key, obj in zip(keys, objs, strict=True):
+                if obj is None:
+                    raise RuntimeError(f"{self.label}: chunk {key} was not served")
+                expected = float(self.keys.index(key) % 251)
+                flat = obj.tensor.view(-1)
+                if flat[0].item() != expected or flat[-1].item() != expected:
+                    raise RuntimeError(f"{self.label}: chunk {key} has wrong content")
+                obj.ref_count_down()
+
+    def files(self) -> list[str]:
+        """Chunk files on disk (the raw reader's input)."""
+        directory = self.directory()
+        return sorted(os.path.join(directory, n) for n in os.listdir(directory)
+                      if not n.startswith("."))
+
+    def directory(self) -> str:
+        backend = self.manager.storage_backends[self.location]
+        return str(backend.path)
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def huge_buffer(nbytes: int) -> tuple[mmap.mmap, memoryview]:
+    """2 MiB-aligned anonymous buffer with transparent huge pages, touched.
+
+    Why: virtio-blk here allows 254 segments per request; 4 KiB pages cap an O_DIRECT request
+    near 1 MiB, huge pages let one request carry 4 MiB (as LMCache's own pool does).
+    """
+    huge = 2 << 20
+    mm = mmap.mmap(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mm.madvise(mmap.MADV_HUGEPAGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    start = -address % huge
+    view = memoryview(mm)[start : start + nbytes]
+    view[:] = b"\1" * nbytes
+    return mm, view
+
+
+def raw_direct_read(files: list[str], unit: int, depth: int) -> tuple[float, int]:
+    """Device ceiling: ``depth`` threads of O_DIRECT preadv of ``unit`` bytes, no LMCache."""
+    work = deque((path, off, min(unit, size - off))
+                 for path in files for size in [os.path.getsize(path)]
+                 for off in range(0, size, unit))
+    total = sum(n for _, _, n in work)
+    lock = threading.Lock()
+    fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECT) for path in files}
+    buffers = [huge_buffer(unit) for _ in range(depth)]
+
+    def reader(view: memoryview) -> None:
+        while True:
+            with lock:
+                if not work:
+                    return
+                path, off, n = work.popleft()
+            os.preadv(fds[path], [view[:n]], off)
+
+    threads = [threading.Thread(target=reader, args=(view,)) for _, view in buffers]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    for fd in fds.values():
+        os.close(fd)
+    return elapsed, total
