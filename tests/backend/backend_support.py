@@ -68,11 +68,12 @@ class Harness:
         self.manager = StorageManager(config, meta, EventManager())
         assert "kvscope" in self.manager.storage_backends, "plugin did not load"
         self.backend = self.manager.storage_backends["kvscope"]
+        self.layers = layers
 
     def put(self, indices: list[int], tokens: int = CHUNK, flush: bool = True) -> None:
         objs = []
         for i in indices:
-            data = kv_tensor(i, tokens=tokens)
+            data = kv_tensor(i, layers=self.layers, tokens=tokens)
             obj = self.manager.allocate(data.shape, data.dtype)
             obj.tensor.copy_(data)
             objs.append(obj)
@@ -87,12 +88,14 @@ class Harness:
         self.manager.close()
 
 
-def assert_exact(objs: list[Any], indices: list[int], tokens: int = CHUNK) -> None:
+def assert_exact(objs: list[Any], indices: list[int], tokens: int = CHUNK,
+                 layers: int = LAYERS) -> None:
     """Every object holds exactly the KV written for its index; releases them."""
     assert len(objs) == len(indices)
     for obj, i in zip(objs, indices, strict=True):
         assert obj is not None, f"chunk {i} missing"
-        assert torch.equal(obj.tensor, kv_tensor(i, tokens=tokens)), f"chunk {i} differs"
+        expected = kv_tensor(i, layers=layers, tokens=tokens)
+        assert torch.equal(obj.tensor, expected), f"chunk {i} differs"
         obj.ref_count_down()
 
 

@@ -12,11 +12,11 @@ from backend_support import CHUNK, assert_exact, chunk_path, kv_tensor
 from patched_backend.parallel_disk.chunkfile import HEADER_SIZE
 
 
-def _flip_payload_byte(path: str) -> None:
+def _flip_payload_byte(path: str, offset: int = 1234) -> None:
     with open(path, "r+b") as f:
-        f.seek(HEADER_SIZE + 1234)
+        f.seek(HEADER_SIZE + offset)
         byte = f.read(1)
-        f.seek(HEADER_SIZE + 1234)
+        f.seek(HEADER_SIZE + offset)
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
@@ -102,3 +102,14 @@ def _keys(n):
     from backend_support import key
 
     return [key(i) for i in range(n)]
+
+
+@pytest.mark.parametrize("read_unit", ["64KiB", "1MiB", "4MiB"])
+def test_corruption_in_any_crc_block_is_caught(harness, tmp_path, read_unit):
+    """2 MiB chunks = two 1 MiB CRC blocks; sub-reads smaller than, equal to, larger than one."""
+    h = harness(layers=16, **{"kvscope.read_unit": read_unit})
+    h.put([0, 1])
+    assert_exact(h.get([0]), [0], layers=16)
+    _flip_payload_byte(chunk_path(tmp_path / "kv", 1), (1 << 20) + 777)  # second block
+    assert h.get([1]) == [None]
+    assert h.backend.stats()["corrupt_by_reason"] == {"checksum": 1}
