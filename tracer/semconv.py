@@ -19,11 +19,15 @@ SPAN_FIRST_TOKEN = "kvscope.first_token"  # zero-length marker at the first stre
 GEN_AI_REQUEST_ID = "gen_ai.request.id"
 GEN_AI_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 GEN_AI_TTFT = "gen_ai.latency.time_to_first_token"
+GEN_AI_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+ERROR_TYPE = "error.type"
 
 # Our own attribute keys.
 REQUEST_ID = "kvscope.request_id"  # the client's id (X-Request-Id), on every span
 VLLM_REQUEST_ID = "kvscope.vllm.request_id"  # vLLM's internal id (client id + random suffix)
 PHASE = "kvscope.phase"
+PROMPT_INDEX = "kvscope.prompt_index"
+CONCURRENCY = "kvscope.concurrency"  # requests the client allowed in flight
 CACHED_TOKENS = "kvscope.kv.cached_tokens"
 HIT_TOKENS = "kvscope.kv.hit_tokens"
 READ_BYTES = "kvscope.storage.read_bytes"
@@ -33,6 +37,7 @@ READ_BACKEND = "kvscope.storage.backend"
 READ_DEVICE = "kvscope.storage.device"
 READ_INFLIGHT_AT_SUBMIT = "kvscope.storage.inflight_at_submit"
 READER_TIDS = "kvscope.storage.reader_tids"  # threads that issued the reads (joins block I/O)
+READ_FAILED_CHUNKS = "kvscope.storage.failed_chunks"  # chunks refused (served as misses)
 TRANSFER_BYTES = "kvscope.transfer.bytes"
 TRANSFER_KIND = "kvscope.transfer.kind"  # "cpu_copy" here, "h2d" on CUDA
 PREFILL_TOKENS = "kvscope.prefill.tokens"

@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--no-probes", dest="probes", action="store_false",
                    help="do not run the block/NVMe probes around each phase")
+    p.add_argument("--tracing", action=argparse.BooleanOptionalAction, default=True,
+                   help="OpenTelemetry spans into RUN/spans/ and to OTEL_EXPORTER_OTLP_* if set "
+                   "(default on; docs/tracing.md)")
     p.add_argument("--kv-cache-gib", type=int, help="vLLM CPU KV cache size (default: sized to fit)")
     p.set_defaults(func=run)
 
@@ -67,7 +70,8 @@ def options_from_args(args: argparse.Namespace):
         shared_prefix_tokens=args.shared_prefix_tokens, max_tokens=args.max_tokens,
         phases=[p for p in args.phases.split(",") if p], kv_dir=args.kv_dir,
         keep_kv=args.keep_kv, host=args.host, port=args.port, seed=args.seed,
-        kv_cache_gib=args.kv_cache_gib, probes=args.probes, command=sys.argv,
+        kv_cache_gib=args.kv_cache_gib, probes=args.probes, tracing=args.tracing,
+        command=sys.argv,
     )
 
 

@@ -1,17 +1,17 @@
 """Streaming OpenAI-completions client: N requests at concurrency C, client-side TTFT each.
 
-Every request carries its own W3C `traceparent` (so the server's spans join the client's trace)
-and an `X-Request-Id` (so vLLM's request id starts with ours).
+Every request carries an `X-Request-Id` (so vLLM's request id starts with ours) and, when
+tracing is on, the W3C `traceparent` of its own `kvscope.client.request` span (so the server's
+spans join the client's trace).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import aiohttp
 
@@ -46,10 +46,7 @@ class RequestPlan:
     model: str
     max_tokens: int
     timeout_s: float = 600.0
-
-
-def traceparent(trace_id: str) -> str:
-    return f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    tracer: Any = None  # a tracer.client.ClientTracer, or None when tracing is off
 
 
 async def _send(
@@ -60,8 +57,12 @@ async def _send(
         "temperature": 0.0, "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": False},
     }
-    headers = {"X-Request-Id": record.request_id, "traceparent": traceparent(record.trace_id)}
+    headers = {"X-Request-Id": record.request_id}
     record.arrival_ns = time.monotonic_ns()
+    span = None
+    if plan.tracer is not None:
+        span, trace_headers = plan.tracer.start(record)
+        headers.update(trace_headers)
     try:
         async with session.post(f"{plan.base_url}/v1/completions", json=body, headers=headers) as r:
             if r.status != 200:
@@ -79,6 +80,8 @@ async def _send(
         record.e2e_s = (record.finish_ns - record.arrival_ns) / 1e9
         if record.first_token_ns > 0:
             record.ttft_s = (record.first_token_ns - record.arrival_ns) / 1e9
+        if span is not None:
+            plan.tracer.end(span, record)
 
 
 def _consume_event(raw: bytes, record: RequestRecord) -> None:

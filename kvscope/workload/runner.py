@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
-import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pandas as pd
 from tqdm import tqdm
@@ -56,6 +55,7 @@ class RunOptions:
     seed: int = 0
     kv_cache_gib: int | None = None
     probes: bool = True
+    tracing: bool = True
     command: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -167,6 +167,7 @@ class LiveRun:
     prompts: list[list[int]]
     max_tokens: int
     observers: list[PhaseObserver]
+    client_tracer: Any = None  # tracer.client.ClientTracer when tracing is on
 
 
 def run_phase(live: LiveRun, phase: Phase) -> dict:
@@ -178,10 +179,11 @@ def run_phase(live: LiveRun, phase: Phase) -> dict:
     records = [
         RequestRecord(request_id=f"{run.name}-{phase.label}-{i}", phase=phase.label,
                       concurrency=phase.concurrency, prompt_index=i,
-                      trace_id=secrets.token_hex(16))
+                      trace_id="")
         for i in range(len(prompt_ids))
     ]
-    plan = RequestPlan(server.base_url, server.config.served_name, live.max_tokens)
+    plan = RequestPlan(server.base_url, server.config.served_name, live.max_tokens,
+                       tracer=live.client_tracer)
     before, metrics_before = system.disk_counters(device), vllm_metrics.scrape(server)
     for observer in live.observers:
         observer.start_phase(run, phase.label, server)
@@ -208,6 +210,16 @@ def run_phase(live: LiveRun, phase: Phase) -> dict:
     }
 
 
+def _start_tracing(run: Path, opts: RunOptions, offset: clock.ClockOffset):
+    """The run's tracer.run.RunTracing, or None (and manifest.tracer saying so) when off."""
+    from tracer import run as tracer_run
+
+    if not opts.tracing:
+        rundir.update_manifest(run, "tracer", tracer_run.disabled_summary())
+        return None
+    return tracer_run.RunTracing(run, offset.offset_ns)
+
+
 def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> Path:
     """Validate, make the twin, start the server, run every phase, always stop the server."""
     spec, profile, phases = validate(opts)
@@ -216,6 +228,7 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
     system.check_writable_dir(kv_dir)
     offset = clock.measure_offset()
     run = rundir.create(opts.out, _manifest(opts, spec, profile, kv_dir, model_dir, offset))
+    tracing = _start_tracing(run, opts, offset)
     prompt_ids = prompts.make_prompts(opts.requests, opts.prompt_tokens, vocab_size=spec.vocab_size,
                                  seed=opts.seed, shared_prefix_tokens=opts.shared_prefix_tokens)
     config = ServerConfig(
@@ -223,7 +236,8 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
         max_model_len=opts.prompt_tokens + opts.max_tokens,
         kv_cache_gib=_kv_cache_gib(opts, spec), lmcache=profile.lmcache_config(kv_dir),
         kv_transfer=profiles.KV_TRANSFER_CONFIG, log_path=run / rundir.SERVER_LOG,
-        extra_env={"KVSCOPE_CLOCK_OFFSET_NS": str(offset.offset_ns), **opts.extra_env},
+        extra_env={"KVSCOPE_CLOCK_OFFSET_NS": str(offset.offset_ns),
+                   **(tracing.server_env() if tracing else {}), **opts.extra_env},
     )
     done: list[dict] = []
     try:
@@ -236,11 +250,16 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
             watching = list(observers or [])
             if opts.probes:
                 watching.insert(0, ProbeObserver(device))
-            live = LiveRun(run, server, kv_dir, device, prompt_ids, opts.max_tokens, watching)
+            if tracing is not None:
+                watching.append(tracing)
+            live = LiveRun(run, server, kv_dir, device, prompt_ids, opts.max_tokens, watching,
+                           tracing.client if tracing else None)
             for phase in phases:
                 done.append(run_phase(live, phase))
                 rundir.update_manifest(run, "phases", done)
     finally:
+        if tracing is not None:
+            tracing.close()
         if not opts.keep_kv:
             shutil.rmtree(kv_dir, ignore_errors=True)
     return run

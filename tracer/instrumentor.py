@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KvscopeInstrumentor: wraps vLLM and LMCache where a request's TTFT is spent.
+
+Usage (in each vLLM process; tracer.vllm_plugin does this when KVSCOPE_TRACING=1)::
+
+    from tracer.instrumentor import KvscopeInstrumentor
+    KvscopeInstrumentor().instrument()
+    ...
+    KvscopeInstrumentor().uninstrument()
+
+Nothing is imported here: each target is wrapped by a post-import hook when vLLM or LMCache
+import its module (importing LMCache's connector early breaks vLLM's start), or at once if the
+module is already loaded. Uninstrumenting unwraps every target; hooks that fire later do
+nothing until the next `instrument()`. While uninstrumented, no wrapper is installed at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Collection
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import unwrap
+
+from tracer import frontend, scheduler, storage, worker
+from tracer.package import _instruments
+
+logger = logging.getLogger(__name__)
+_VLLM_KV = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector"
+_DISK = "lmcache.v1.storage_backend.local_disk_backend"
+_HOOKS = "patched_backend.parallel_disk.hooks"
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str
+    owner: str  # class name in module
+    method: str
+    wrapper: Callable[..., Any]
+
+
+TARGETS = (
+    Target("vllm.v1.engine.async_llm", "AsyncLLM", "add_request", frontend.keep_trace_headers),
+    Target("vllm.v1.engine.input_processor", "InputProcessor", "assign_request_id",
+           frontend.restore_trace_headers),
+    Target("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", scheduler.on_add_request),
+    Target("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", scheduler.on_schedule),
+    Target("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output",
+           scheduler.on_update_from_output),
+    Target(_VLLM_KV, "LMCacheConnectorV1", "get_num_new_matched_tokens", scheduler.on_lookup),
+    Target(_VLLM_KV, "LMCacheConnectorV1", "bind_connector_metadata", worker.on_bind),
+    Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward",
+           worker.on_forward),
+    Target("lmcache.v1.cache_engine", "LMCacheEngine", "store", worker.on_store),
+    Target(_DISK, "LocalDiskBackend", "batched_get_blocking", storage.on_stock_get),
+    Target(_DISK, "LocalDiskBackend", "get_blocking", storage.on_stock_get),
+    Target(_DISK, "LocalDiskBackend", "read_file", storage.on_stock_read_file),
+)
+
+_hooked: set[str] = set()  # modules with a post-import hook registered in this process
+_wrapped: list[tuple[type, str]] = []
+_state = {"active": False}
+_listener = storage.ParallelReadListener()
+
+
+def wrap(owner: type, method: str, wrapper: Callable[..., Any]) -> None:
+    """Wrap `owner.method` once (a second call for the same pair does nothing)."""
+    if (owner, method) in _wrapped or not _state["active"]:
+        return
+    wrapt.wrap_function_wrapper(owner, method, wrapper)
+    _wrapped.append((owner, method))
+
+
+def _on_retrieve(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """kv.load around LMCacheEngine.retrieve; wraps the engine's GPU connector on first use."""
+    connector = getattr(instance, "gpu_connector", None)
+    if connector is not None and hasattr(connector, "batched_to_gpu"):
+        wrap(type(connector), "batched_to_gpu", worker.on_to_device)
+    return worker.on_retrieve(wrapped, instance, args, kwargs)
+
+
+_RETRIEVE = Target("lmcache.v1.cache_engine", "LMCacheEngine", "retrieve", _on_retrieve)
+
+
+def _apply(module: ModuleType) -> None:
+    if not _state["active"]:
+        return
+    for target in (*TARGETS, _RETRIEVE):
+        if target.module == module.__name__:
+            owner = getattr(module, target.owner, None)
+            if owner is None or not hasattr(owner, target.method):
+                logger.warning("kvscope tracer: %s.%s.%s not found; its span is missing",
+                               target.module, target.owner, target.method)
+                continue
+            wrap(owner, target.method, target.wrapper)
+    if module.__name__ == _HOOKS:
+        module.add_listener(_listener)
+
+
+class KvscopeInstrumentor(BaseInstrumentor):
+    """Spans for queue, KV lookup, KV load (reads, transfers), prefill, store, first token."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        _state["active"] = True
+        modules = {t.module for t in (*TARGETS, _RETRIEVE)} | {_HOOKS}
+        for name in sorted(modules):
+            if name in sys.modules:
+                _apply(sys.modules[name])
+            if name not in _hooked:
+                _hooked.add(name)
+                wrapt.register_post_import_hook(_apply, name)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        _state["active"] = False
+        while _wrapped:
+            owner, method = _wrapped.pop()
+            unwrap(owner, method)
+        hooks = sys.modules.get(_HOOKS)
+        if hooks is not None:
+            hooks.remove_listener(_listener)
+        scheduler.forget_all()
+        worker.forget_all()
+
+
+def wrapped_targets() -> list[tuple[type, str]]:
+    """What is wrapped right now (for tests and diagnostics)."""
+    return list(_wrapped)

@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Storage-read spans, children of kv.load: LMCache's stock disk backend and kvscope's own.
+
+Stock `LocalDiskBackend`: `batched_get_blocking` (and `get_blocking` for one key) becomes one
+span per batch; its `read_file` runs on the "disk-read" pool threads, which do not inherit our
+context, so each read finds its batch by chunk key to report the threads (joined with the
+probes' block I/O by tid) and bytes. kvscope's parallel backend reports the same facts through
+its listener hooks (patched_backend/parallel_disk/hooks.py); `ParallelReadListener` turns each
+submit/complete pair into a span whose times are the backend's own stamps.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from tracer import runtime, semconv, spans
+from tracer.worker import current
+
+STOCK_BACKEND = "lmcache-local-disk"
+_in_batch: ContextVar[bool] = ContextVar("kvscope_read_batch", default=False)
+_lock = threading.Lock()
+_by_key: dict[Any, "_Batch"] = {}
+_inflight = [0]
+
+
+@dataclass
+class _Batch:
+    tids: set[int] = field(default_factory=set)
+    bytes: int = 0
+    reads: int = 0
+
+
+def on_stock_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps LocalDiskBackend.batched_get_blocking(keys) and get_blocking(key)."""
+    request = current.get()
+    if request is None or _in_batch.get():
+        return wrapped(*args, **kwargs)
+    keys = args[0] if args else kwargs.get("keys", kwargs.get("key"))
+    keys = list(keys) if isinstance(keys, (list, tuple)) else [keys]
+    batch = _Batch()
+    with _lock:
+        inflight = _inflight[0]
+        _by_key.update({k: batch for k in keys})
+    marker = _in_batch.set(True)
+    started = time.monotonic_ns()
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        ended = time.monotonic_ns()
+        _in_batch.reset(marker)
+        with _lock:
+            for k in keys:
+                _by_key.pop(k, None)
+    spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, started, ended, {
+        semconv.READ_BYTES: batch.bytes, semconv.READ_CHUNKS: len(keys),
+        semconv.READ_SUBREADS: batch.reads, semconv.READ_BACKEND: STOCK_BACKEND,
+        semconv.READ_DEVICE: device_of(getattr(instance, "path", "") or ""),
+        semconv.READ_INFLIGHT_AT_SUBMIT: inflight, semconv.READER_TIDS: sorted(batch.tids),
+    }, parent=otel_context.get_current())
+    return result
+
+
+def on_stock_read_file(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps LocalDiskBackend.read_file(key, buffer, path), on the reader thread."""
+    key = args[0] if args else kwargs.get("key")
+    with _lock:
+        batch = _by_key.get(key)
+        _inflight[0] += 1
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        with _lock:
+            _inflight[0] -= 1
+            if batch is not None:
+                buffer = args[1] if len(args) > 1 else kwargs.get("buffer")
+                batch.tids.add(threading.get_native_id())
+                batch.bytes += len(buffer) if buffer is not None else 0
+                batch.reads += 1
+
+
+class ParallelReadListener:
+    """Listener for patched_backend.parallel_disk.hooks: one span per batch of reads."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[spans.RequestTrace, Any]] = {}
+        self._lock = threading.Lock()
+
+    def on_read_submit(self, event: Any) -> None:
+        request = current.get()  # the submit runs on the retrieving thread, inside kv.load
+        if request is not None:
+            with self._lock:
+                self._pending[event.batch_id] = (request, otel_context.get_current())
+
+    def on_read_complete(self, event: Any) -> None:
+        submit = event.submit
+        with self._lock:
+            found = self._pending.pop(submit.batch_id, None)
+        if found is None:
+            return
+        request, parent = found
+        spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, submit.submit_ns,
+                     event.end_ns, {
+                         semconv.READ_BYTES: event.ok_bytes,
+                         semconv.READ_CHUNKS: submit.chunk_count,
+                         semconv.READ_SUBREADS: submit.sub_reads,
+                         semconv.READ_BACKEND: f"kvscope-{submit.mode}",
+                         semconv.READ_DEVICE: device_of(submit.backend_path),
+                         semconv.READ_INFLIGHT_AT_SUBMIT: submit.inflight_at_submit,
+                         semconv.READER_TIDS: list(event.reader_tids),
+                         semconv.READ_FAILED_CHUNKS: len(event.failed_keys),
+                     }, parent=parent)
+
+
+@functools.lru_cache(maxsize=64)
+def device_of(path: str) -> str:
+    """The block device (whole disk, e.g. `vda`, `nvme0n1`) holding `path`, `""` if unknown."""
+    try:
+        st = os.stat(path)
+        sys_dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}").resolve()
+    except OSError:
+        return ""
+    if (sys_dev / "partition").exists():
+        sys_dev = sys_dev.parent
+    return sys_dev.name if sys_dev.exists() else ""

