@@ -14,11 +14,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 
 from probes import frames
 from probes.btf import kernel_offsets
-from probes.block_bpf import EVENT_DTYPE, LOST_KEYS, BlockOptions, render
+from probes.block_bpf import BATCH_DTYPE, LOST_KEYS, BlockOptions, render
 from probes.collect import RingCollector
 
 
@@ -72,7 +73,7 @@ class BlockProbe:
                 bpf[b"pids"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
             for dev in self.devs:
                 bpf[b"devs"][ctypes.c_uint32(dev)] = ctypes.c_uint8(1)
-            self._collector = RingCollector(bpf, {"events": EVENT_DTYPE})
+            self._collector = RingCollector(bpf, {"events": BATCH_DTYPE})
         except BaseException:
             bpf.cleanup()
             raise
@@ -85,7 +86,8 @@ class BlockProbe:
             return
         bpf, self._bpf = self._bpf, None
         try:
-            self._records = self._collector.stop()["events"]
+            batches = [self._collector.stop()["events"], _pending_batches(bpf[b"pending"])]
+            self._records = np.concatenate([_unbatch(b) for b in batches])
             bad = self._collector.bad_sizes["events"]
             self._open = [(int(r.dev), int(r.issue_ns)) for r in bpf[b"reqs"].values() if r.issue_ns]
             self._hists = {kind: _histogram(bpf[kind.encode()]) for kind in ("queue_us", "service_us")}
@@ -131,6 +133,19 @@ def program_ids(bpf: Any) -> list[int]:
             if line.startswith("prog_id:"):
                 ids.append(int(line.split()[1]))
     return sorted(ids)
+
+
+def _pending_batches(table: Any) -> np.ndarray:
+    """The per-CPU batches not yet full when the probe stopped."""
+    per_cpu = table[ctypes.c_int(0)]
+    raw = b"".join(ctypes.string_at(ctypes.addressof(b), ctypes.sizeof(b)) for b in per_cpu)
+    return np.frombuffer(raw, dtype=BATCH_DTYPE)
+
+
+def _unbatch(batches: np.ndarray) -> np.ndarray:
+    """Flat completion records from batches, each holding its first `n` events."""
+    keep = np.arange(batches["ev"].shape[1]) < batches["n"][:, None]
+    return batches["ev"][keep]
 
 
 def _histogram(table: Any) -> dict[int, dict[int, int]]:

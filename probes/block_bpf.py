@@ -16,6 +16,7 @@ import numpy as np
 
 # Indexes of the `lost` array, also the manifest's lost_events keys.
 LOST_KEYS = ("ringbuf_full", "map_full")
+BATCH = 32  # completions per ring-buffer record
 
 BPF_TEXT = r"""
 #include <uapi/linux/ptrace.h>
@@ -30,7 +31,6 @@ typedef u64 rqkey_t;
 typedef struct { u32 dev; u32 pad; u64 sector; } rqkey_t;
 #endif
 
-struct start_t { u64 start_ns; u64 insert_ns; u32 tgid; u32 tid; char comm[16]; };
 struct req_t {
     u64 start_ns; u64 insert_ns; u64 issue_ns; u64 sector;
     u32 dev; u32 bytes; u32 tgid; u32 tid; char comm[16]; char rwbs[8]; u32 tracked;
@@ -40,78 +40,90 @@ struct event_t {
     u32 dev; u32 bytes; u32 tgid; u32 tid; s32 error; u32 tracked;
     char comm[16]; char rwbs[8];
 };
+/* Completions are batched per CPU so userspace handles one ring-buffer record per BATCH. */
+struct batch_t { u32 n; u32 pad; struct event_t ev[BATCH]; };
 struct hist_key_t { u32 dev; u32 slot; };
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-BPF_TABLE("lru_hash", rqkey_t, struct start_t, starts, MAX_REQUESTS);
-BPF_TABLE("lru_hash", rqkey_t, struct req_t, reqs, MAX_REQUESTS);
+BPF_PERCPU_ARRAY(pending, struct batch_t, 1);
+BPF_HASH(reqs, rqkey_t, struct req_t, MAX_REQUESTS);   /* preallocated: cheaper than LRU */
 BPF_HASH(pids, u32, u8, 1024);
 BPF_HASH(devs, u32, u8, 64);
 BPF_HISTOGRAM(queue_us, struct hist_key_t, 4096);
 BPF_HISTOGRAM(service_us, struct hist_key_t, 4096);
 BPF_ARRAY(lost, u64, 2);
 
-static inline void count_lost(int index) {
-    u64 *n = lost.lookup(&index);
-    if (n) lock_xadd(n, 1);
+static inline void count_lost(int index, u64 n) {
+    u64 *c = lost.lookup(&index);
+    if (c) lock_xadd(c, n);
 }
 
+/* Submission: the only place the task that wants the I/O is current. */
 static inline void start_request(rqkey_t *key) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     if (FILTER_PIDS && !pids.lookup(&tgid)) return;
-    struct start_t s = {};
-    s.start_ns = bpf_ktime_get_ns();
-    s.tgid = tgid;
-    s.tid = (u32)id;
-    bpf_get_current_comm(&s.comm, sizeof(s.comm));
-    if (starts.update(key, &s) < 0) count_lost(1);
+    struct req_t r = {};
+    r.start_ns = bpf_ktime_get_ns();
+    r.tgid = tgid;
+    r.tid = (u32)id;
+    r.tracked = 1;
+    bpf_get_current_comm(&r.comm, sizeof(r.comm));
+    if (reqs.update(key, &r) < 0) count_lost(1, 1);
 }
 
 static inline void insert_request(rqkey_t *key) {
-    struct start_t *s = starts.lookup(key);
-    if (s) s->insert_ns = bpf_ktime_get_ns();
+    struct req_t *r = reqs.lookup(key);
+    if (r) r->insert_ns = bpf_ktime_get_ns();
 }
 
+/* Issue: every request on the probed devices is followed from here, for the depth series. */
 static inline void issue_request(rqkey_t *key, u32 dev, u64 sector, u32 bytes, char *rwbs) {
-    if (FILTER_DEVS && !devs.lookup(&dev)) { starts.delete(key); return; }
-    struct req_t *old = reqs.lookup(key);
-    if (old) { old->issue_ns = bpf_ktime_get_ns(); return; }   /* requeued, issued again */
-    struct req_t r = {};
-    r.issue_ns = bpf_ktime_get_ns();
-    r.dev = dev; r.sector = sector; r.bytes = bytes; r.tracked = !FILTER_PIDS;
-    __builtin_memcpy(r.rwbs, rwbs, sizeof(r.rwbs));
-    struct start_t *s = starts.lookup(key);
-    if (s) {
-        r.start_ns = s->start_ns; r.insert_ns = s->insert_ns; r.tgid = s->tgid; r.tid = s->tid;
-        __builtin_memcpy(r.comm, s->comm, sizeof(r.comm));
-        r.tracked = 1;
-        starts.delete(key);
+    if (FILTER_DEVS && !devs.lookup(&dev)) { reqs.delete(key); return; }
+    u64 now = bpf_ktime_get_ns();
+    struct req_t *r = reqs.lookup(key);
+    if (!r) {
+        struct req_t fresh = {};
+        fresh.tracked = !FILTER_PIDS;
+        if (reqs.update(key, &fresh) < 0) { count_lost(1, 1); return; }
+        r = reqs.lookup(key);
+        if (!r) return;
     }
-    if (reqs.update(key, &r) < 0) count_lost(1);
+    r->issue_ns = now;   /* a requeued request keeps its latest issue */
+    r->dev = dev; r->sector = sector; r->bytes = bytes;
+    __builtin_memcpy(r->rwbs, rwbs, sizeof(r->rwbs));
 }
 
 static inline void complete_request(rqkey_t *key, s32 error) {
     struct req_t *r = reqs.lookup(key);
-    if (!r) return;
-    struct event_t e = {};
-    e.complete_ns = bpf_ktime_get_ns();
-    e.start_ns = r->start_ns; e.insert_ns = r->insert_ns; e.issue_ns = r->issue_ns;
-    e.sector = r->sector; e.dev = r->dev; e.bytes = r->bytes; e.tgid = r->tgid; e.tid = r->tid;
-    e.error = error; e.tracked = r->tracked;
-    __builtin_memcpy(e.comm, r->comm, sizeof(e.comm));
-    __builtin_memcpy(e.rwbs, r->rwbs, sizeof(e.rwbs));
+    if (!r || !r->issue_ns) return;
+    u32 zero = 0;
+    struct batch_t *b = pending.lookup(&zero);
+    if (!b) return;
+    u32 i = b->n;
+    if (i >= BATCH) return;
+    struct event_t *e = &b->ev[i];
+    e->complete_ns = bpf_ktime_get_ns();
+    e->start_ns = r->start_ns; e->insert_ns = r->insert_ns; e->issue_ns = r->issue_ns;
+    e->sector = r->sector; e->dev = r->dev; e->bytes = r->bytes; e->tgid = r->tgid;
+    e->tid = r->tid; e->error = error; e->tracked = r->tracked;
+    __builtin_memcpy(e->comm, r->comm, sizeof(e->comm));
+    __builtin_memcpy(e->rwbs, r->rwbs, sizeof(e->rwbs));
     reqs.delete(key);
-    if (e.tracked) {
-        struct hist_key_t h = {.dev = e.dev};
-        h.slot = bpf_log2l((e.complete_ns - e.issue_ns) / 1000);
+    if (e->tracked) {
+        struct hist_key_t h = {.dev = e->dev};
+        h.slot = bpf_log2l((e->complete_ns - e->issue_ns) / 1000);
         service_us.atomic_increment(h);
-        if (e.start_ns) {
-            h.slot = bpf_log2l((e.issue_ns - e.start_ns) / 1000);
+        if (e->start_ns) {
+            h.slot = bpf_log2l((e->issue_ns - e->start_ns) / 1000);
             queue_us.atomic_increment(h);
         }
     }
-    if (events.ringbuf_output(&e, sizeof(e), 0) < 0) count_lost(0);
+    b->n = i + 1;
+    if (b->n == BATCH) {
+        if (events.ringbuf_output(b, sizeof(*b), BPF_RB_NO_WAKEUP) < 0) count_lost(0, BATCH);
+        b->n = 0;
+    }
 }
 
 #if KEY_RQ
@@ -128,12 +140,19 @@ static inline u32 read_u32(void *base, u32 offset) {
     return v;
 }
 
-/* Whole-disk dev_t of a request: rq->q->disk->{major, first_minor}, as block events report. */
+BPF_HASH(queue_dev, u64, u32, 256);
+
+/* Whole-disk dev_t of a request: rq->q->disk->{major, first_minor}, as block events report;
+ * cached per request queue (one lookup instead of three reads through pointers). */
 static inline u32 request_dev(void *rq) {
-    void *q = (void *)read_u64(rq, REQUEST_Q);
-    void *disk = q ? (void *)read_u64(q, REQUEST_QUEUE_DISK) : 0;
+    u64 q = read_u64(rq, REQUEST_Q);
+    u32 *known = queue_dev.lookup(&q);
+    if (known) return *known;
+    void *disk = q ? (void *)read_u64((void *)q, REQUEST_QUEUE_DISK) : 0;
     if (!disk) return 0;
-    return (read_u32(disk, GENDISK_MAJOR) << 20) | read_u32(disk, GENDISK_FIRST_MINOR);
+    u32 dev = (read_u32(disk, GENDISK_MAJOR) << 20) | read_u32(disk, GENDISK_FIRST_MINOR);
+    queue_dev.update(&q, &dev);
+    return dev;
 }
 
 RAW_TRACEPOINT_PROBE(START_TRACEPOINT) {
@@ -199,7 +218,7 @@ TRACEPOINT_PROBE(block, block_rq_complete) {
 OFFSET_NAMES = {"REQUEST_Q", "REQUEST_CMD_FLAGS", "REQUEST___DATA_LEN", "REQUEST___SECTOR",
                 "REQUEST_QUEUE_DISK", "GENDISK_MAJOR", "GENDISK_FIRST_MINOR"}
 
-# Userspace view of struct event_t (C alignment rules; checked against each record's size).
+# Userspace views of struct event_t and struct batch_t (C alignment; record sizes are checked).
 EVENT_DTYPE = np.dtype(
     [
         ("start_ns", "<u8"), ("insert_ns", "<u8"), ("issue_ns", "<u8"), ("complete_ns", "<u8"),
@@ -208,6 +227,7 @@ EVENT_DTYPE = np.dtype(
     ],
     align=True,
 )
+BATCH_DTYPE = np.dtype([("n", "<u4"), ("pad", "<u4"), ("ev", EVENT_DTYPE, (BATCH,))], align=True)
 
 
 @dataclass(frozen=True)
@@ -244,4 +264,4 @@ def render(opts: BlockOptions) -> str:
     text = defines + BPF_TEXT
     for placeholder, value in substitutions.items():
         text = text.replace(placeholder, value)
-    return text
+    return text.replace("BATCH", str(BATCH))

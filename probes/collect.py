@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Drain a bcc ring buffer on a thread into raw records, decoded in bulk with numpy at the end.
+"""Drain bcc ring buffers on a thread into raw records, decoded in bulk with numpy at the end.
 
-The per-event Python callback only copies bytes (the cheapest thing it can do); decoding waits
-until stop so the probe costs little CPU while the workload runs.
+The per-record Python callback only copies bytes (the cheapest thing it can do); decoding waits
+until stop so the probe costs little CPU while the workload runs. The ring buffers must hold
+what arrives between two drains (50 ms): 4 MiB holds ~1400 block batches, ~45k completions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 class RingCollector:
     """Polls the named ring buffers of one BPF object until stop(); keeps every record."""
 
-    def __init__(self, bpf: Any, dtypes: dict[str, np.dtype], poll_ms: int = 100) -> None:
+    def __init__(self, bpf: Any, dtypes: dict[str, np.dtype], poll_ms: int = 50) -> None:
         self._bpf = bpf
         self._dtypes = dtypes
         self._poll_ms = poll_ms
@@ -43,8 +44,10 @@ class RingCollector:
         return on_event
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._bpf.ring_buffer_poll(self._poll_ms)
+        # The programs write with BPF_RB_NO_WAKEUP, so waiting on epoll would never return
+        # early; draining on a timer costs ~20 wake-ups a second however many events arrive.
+        while not self._stop.wait(self._poll_ms / 1000):
+            self._bpf.ring_buffer_consume()
 
     def stop(self) -> dict[str, np.ndarray]:
         """Stop polling, drain what is left, and return the records per ring buffer."""

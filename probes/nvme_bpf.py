@@ -25,7 +25,7 @@ BPF_RINGBUF_OUTPUT(nvme_events, RINGBUF_PAGES);
 BPF_ARRAY(nvme_lost, u64, 1);
 
 static inline void nvme_submit(struct nvme_event_t *e) {
-    if (nvme_events.ringbuf_output(e, sizeof(*e), 0) < 0) {
+    if (nvme_events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP) < 0) {
         int zero = 0;
         u64 *n = nvme_lost.lookup(&zero);
         if (n) lock_xadd(n, 1);

@@ -8,12 +8,13 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
 
 from kvscope import rundir
+from probes.fio import FioReads
 from probes.nvme_bpf import NVME_DTYPE
 
 DATA = Path(__file__).parent / "data"
@@ -56,34 +57,13 @@ def loop_device(data_file: Path) -> Iterator[Path]:
         backing.unlink(missing_ok=True)
 
 
-class Workload:
-    """`count` O_DIRECT reads of `size` bytes, `depth` at a time (fio, libaio, one thread).
-
-    Reads skip one block after each (rw=read:SIZE), so the I/O scheduler cannot merge two into
-    one request; each batch of `depth` is submitted in one io_submit and fully reaped before the
-    next. fio waits in a shell for go(), so probes attach with the pid known before any read.
-    """
-
-    def __init__(self, path: Path, *, count: int, size: int, depth: int) -> None:
-        self.count, self.size, self.depth = count, size, depth
-        fio = (f"fio --name=kvscope-probe-test --filename={path} --rw=read:{size} --bs={size} "
-               f"--direct=1 --ioengine=libaio --iodepth={depth} --iodepth_batch_submit={depth} "
-               f"--iodepth_batch_complete_min={depth} --number_ios={count} --thread "
-               f"--output-format=json")
-        self.proc = subprocess.Popen(["sh", "-c", f"read go && exec {fio}"], text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.pid = self.proc.pid
-
-    def go(self) -> int:
-        """Release the reads; returns how many completed."""
-        out, _ = self.proc.communicate("go\n", timeout=120)
-        assert self.proc.returncode == 0, out
-        return int(json.loads(out)["jobs"][0]["read"]["total_ios"])
-
-
 @pytest.fixture
-def workload() -> type[Workload]:
-    return Workload
+def workload() -> Callable[..., FioReads]:
+    """`workload(path, count=, size=, depth=)`: O_DIRECT reads held until `.go()`."""
+    def make(path: Path, *, count: int, size: int, depth: int) -> FioReads:
+        return FioReads(path, size=size, depth=depth, count=count, pattern="read")
+
+    return make
 
 
 @pytest.fixture(scope="session")
