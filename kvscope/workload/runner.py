@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import pandas as pd
 from tqdm import tqdm
 
-from kvscope import clock, rundir, twins
+from kvscope import ceiling, clock, rundir, twins
 from kvscope.workload import profiles, prompts, system, vllm_metrics
 from kvscope.workload.client import RequestPlan, RequestRecord, run_requests
 from kvscope.workload.observers import ProbeObserver
@@ -170,6 +170,13 @@ class LiveRun:
     client_tracer: Any = None  # tracer.client.ClientTracer when tracing is on
 
 
+def record_ceiling(run: Path, kv_dir: Path) -> None:
+    """Measure the device ceiling on the stored chunks once, before the first cold phase."""
+    wait_for_stores(kv_dir)
+    measured = ceiling.measure(kv_dir)
+    rundir.update_manifest(run, "device_ceiling", measured.as_dict() if measured else None)
+
+
 def run_phase(live: LiveRun, phase: Phase) -> dict:
     """Send every prompt once at the phase's concurrency; returns the phase's manifest entry."""
     run, server, device, prompt_ids = live.run, live.server, live.device, live.prompts
@@ -254,7 +261,9 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                 watching.append(tracing)
             live = LiveRun(run, server, kv_dir, device, prompt_ids, opts.max_tokens, watching,
                            tracing.client if tracing else None)
-            for phase in phases:
+            for index, phase in enumerate(phases):
+                if phase.kind == "cold" and all(p.kind != "cold" for p in phases[:index]):
+                    record_ceiling(run, kv_dir)
                 done.append(run_phase(live, phase))
                 rundir.update_manifest(run, "phases", done)
     finally:
