@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probes.block import BlockProbe
+from probes.block import BlockProbe, disk_holding
 from probes.block_bpf import BlockOptions
 from probes.fio import FioReads
 
@@ -34,13 +34,6 @@ def _prog_run_ns(ids: list[int]) -> int:
     return sum(p.get("run_time_ns", 0) for p in progs if p["id"] in ids)
 
 
-def _disk_of(path: Path) -> str:
-    source = subprocess.run(["findmnt", "-no", "SOURCE", "--target", str(path)], check=True,
-                            capture_output=True, text=True).stdout.strip()
-    node = Path("/sys/class/block") / Path(source).name
-    return node.resolve().parent.name if (node / "partition").exists() else node.name
-
-
 def run_plain(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     fio = FioReads(path, size=args.size, depth=args.depth, runtime_s=args.runtime,
                    pattern="randread")
@@ -50,7 +43,7 @@ def run_plain(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 def run_probed(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     fio = FioReads(path, size=args.size, depth=args.depth, runtime_s=args.runtime,
                    pattern="randread")
-    probe = BlockProbe(BlockOptions(), pids=[fio.pid], devices=[_disk_of(path)]).start()
+    probe = BlockProbe(BlockOptions(), pids=[fio.pid], devices=[disk_holding(path)]).start()
     ids = probe.program_ids()
     cpu0, wall0, bpf0 = time.process_time_ns(), time.monotonic_ns(), _prog_run_ns(ids)
     iops = fio.report()["iops"]

@@ -10,6 +10,9 @@ Usage (as root):
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -43,6 +46,13 @@ def resolve_device(name: str, sys_root: Path = Path("/sys")) -> int:
         node = node.resolve().parent
     major, minor = (int(x) for x in (node / "dev").read_text().split(":"))
     return (major << 20) | minor
+
+
+def disk_holding(path: Path) -> str:
+    """Name of the whole disk under the file system holding `path` (e.g. the KV cache folder)."""
+    st_dev = os.stat(path).st_dev
+    node = Path(f"/sys/dev/block/{os.major(st_dev)}:{os.minor(st_dev)}").resolve()
+    return node.parent.name if (node / "partition").exists() else node.name
 
 
 class BlockProbe:
@@ -94,6 +104,7 @@ class BlockProbe:
             lost = bpf[b"lost"]
             self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
             self._lost["bad_record_size"] = bad
+            self._lost["recursion_misses"] = recursion_misses(program_ids(bpf))
         finally:
             bpf.cleanup()
 
@@ -133,6 +144,17 @@ def program_ids(bpf: Any) -> list[int]:
             if line.startswith("prog_id:"):
                 ids.append(int(line.split()[1]))
     return sorted(ids)
+
+
+def recursion_misses(ids: list[int]) -> int:
+    """Runs the kernel skipped because the program was already running on that CPU (each one a
+    lost event), from `bpftool prog show`; -1 when bpftool is not installed."""
+    try:
+        out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True,
+                             text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return -1
+    return sum(p.get("recursion_misses", 0) for p in json.loads(out) if p["id"] in ids)
 
 
 def _pending_batches(table: Any) -> np.ndarray:

@@ -127,7 +127,8 @@ def _record_phase(run: Path, phase: str, record: dict[str, Any], pids: list[int]
     section.update(
         mode=record["mode"], tracepoints=record["tracepoints"],
         why_fallback=record["why_fallback"], pids=pids, devices=devices,
-        lost_events=sum(sum(p["lost_events"].values()) for p in section["phases"].values()),
+        lost_events=sum(max(n, 0) for p in section["phases"].values()
+                        for n in p["lost_events"].values()),
         kernel=platform.release(),
     )
     rundir.update_manifest(run, "probes", section)

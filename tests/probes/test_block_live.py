@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.block import BlockProbe, BlockResult
+from probes.block import BlockProbe, BlockResult, disk_holding
 from probes.block_bpf import BlockOptions
 
 pytestmark = pytest.mark.root
@@ -38,7 +39,7 @@ def _log2_slots(ns: pd.Series) -> dict[int, int]:
 
 def _probe(workload, target: Path, key: str) -> tuple[BlockResult, pd.DataFrame]:
     """Probe one workload on `target`; returns the result and the rows of the workload's reads."""
-    device = target.name if target.is_block_device() else _disk_of(target)
+    device = target.name if target.is_block_device() else disk_holding(target)
     w = workload(target, count=COUNT, size=SIZE, depth=DEPTH)
     with BlockProbe(BlockOptions(key=key), pids=[w.pid], devices=[device]) as probe:
         assert w.go() == COUNT
@@ -52,23 +53,13 @@ def _probe(workload, target: Path, key: str) -> tuple[BlockResult, pd.DataFrame]
     return result, rows
 
 
-def _source(path: Path) -> Path:
-    out = subprocess.run(["findmnt", "-no", "SOURCE", "--target", str(path)], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    return Path("/sys/class/block") / Path(out).name
-
-
-def _disk_of(path: Path) -> str:
-    node = _source(path)
-    return node.resolve().parent.name if (node / "partition").exists() else node.name
-
-
 def disk_sectors(path: Path) -> list[tuple[int, int]]:
     """[first, last] whole-disk sectors holding a file's data (filefrag + partition start), so
     its reads can be told from other I/O of the same process (fio's exec reading its binary)."""
     out = subprocess.run(["filefrag", "-v", "-b512", str(path)], check=True,
                          capture_output=True, text=True).stdout
-    start_file = _source(path) / "start"
+    st_dev = path.stat().st_dev
+    start_file = Path(f"/sys/dev/block/{os.major(st_dev)}:{os.minor(st_dev)}/start")
     base = int(start_file.read_text()) if start_file.exists() else 0
     extents = []
     for line in out.splitlines():
