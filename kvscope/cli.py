@@ -16,6 +16,8 @@ COMMANDS = (
     "kvscope.commands.check",
     "kvscope.commands.compare",
     "kvscope.commands.dashboard",
+    "kvscope.commands.demo",
+    "kvscope.commands.export",
     "kvscope.commands.model",
     "kvscope.commands.probe",
     "kvscope.commands.run",

@@ -117,14 +117,31 @@ def otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
         return None
     protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    timeout = env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT")
+    kwargs = {"timeout": float(timeout)} if timeout else {}
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        raise ValueError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported; "
-                         "use grpc (port 4317) or http/protobuf (port 4318)")
-    return OTLPSpanExporter()
+
+        return OTLPSpanExporter(endpoint=endpoint, **kwargs)
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HTTPExporter,
+        )
+
+        if endpoint and not env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            endpoint = endpoint.rstrip("/") + "/v1/traces"  # a base URL, as the spec says
+        return HTTPExporter(endpoint=endpoint, **kwargs)
+    raise ValueError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported; "
+                     "use grpc (port 4317) or http/protobuf (port 4318)")
+
+
+def batch_settings(env: Mapping[str, str]) -> dict[str, float]:
+    """The standard OTEL_BSP_* limits from `env` (unset ones keep the SDK's defaults)."""
+    names = {"OTEL_BSP_MAX_QUEUE_SIZE": "max_queue_size",
+             "OTEL_BSP_SCHEDULE_DELAY": "schedule_delay_millis",
+             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "max_export_batch_size",
+             "OTEL_BSP_EXPORT_TIMEOUT": "export_timeout_millis"}
+    return {arg: int(env[name]) for name, arg in names.items() if env.get(name)}
 
 
 @dataclass
@@ -180,7 +197,8 @@ def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) 
     remote = otlp_exporter(env)
     if remote is not None:
         provider.add_span_processor(
-            CountingBatchProcessor(CountingExporter("otlp", remote, counters), counters))
+            CountingBatchProcessor(CountingExporter("otlp", remote, counters), counters,
+                                   **batch_settings(env)))
         pipeline.exporters.append("otlp")
     provider.add_span_processor(_EndCounter(counters))
     return pipeline

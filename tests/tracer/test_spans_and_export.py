@@ -1,0 +1,92 @@
+"""Request ids, W3C context helpers, and the Perfetto / merged-OTLP exports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from analysis import load_run
+from analysis.synthetic import make_run
+from kvscope.cli import main
+from tracer import semconv
+from tracer.perfetto import assign_lanes, chrome_trace
+from tracer.spans import client_request_id, context_from_headers, headers_from_context
+
+
+@pytest.mark.parametrize(("vllm_id", "client_id"), [
+    pytest.param("cmpl-run1-cold-3-0-1a2b3c4d", "run1-cold-3", id="completions"),
+    pytest.param("chatcmpl-abc-def-0123abcd", "abc-def", id="chat"),
+    pytest.param("myid-deadbeef", "myid", id="bare"),
+    pytest.param("no-suffix", "no-suffix", id="unparsed"),
+])
+def test_client_request_id_from_vllm_id(vllm_id, client_id):
+    assert client_request_id(vllm_id) == client_id
+
+
+def test_traceparent_round_trip_and_invalid_headers():
+    header = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    context = context_from_headers({"traceparent": header})
+    assert headers_from_context(context)["traceparent"] == header
+    assert context_from_headers({"traceparent": "garbage"}) is None
+    assert context_from_headers(None) is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 300)), max_size=40))
+def test_lanes_hold_only_nested_or_disjoint_intervals(pairs):
+    starts = [s for s, _ in pairs]
+    ends = [s + d for s, d in pairs]
+    lanes = assign_lanes(starts, ends)
+    for i in range(len(pairs)):
+        for j in range(i + 1, len(pairs)):
+            if lanes[i] != lanes[j]:
+                continue
+            a, b = (starts[i], ends[i]), (starts[j], ends[j])
+            nested = (a[0] <= b[0] and b[1] <= a[1]) or (b[0] <= a[0] and a[1] <= b[1])
+            disjoint = a[1] <= b[0] or b[1] <= a[0]
+            assert nested or disjoint, (a, b)
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("run") / "run", n_requests=6, seed=3)
+
+
+def test_perfetto_reads_are_async_pairs_and_complete_events_nest(synthetic_run):
+    spans = load_run(synthetic_run).spans
+    events = chrome_trace(spans)["traceEvents"]
+    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
+    begins = [e for e in events if e["ph"] == "b"]
+    assert len(begins) == len(reads) == len([e for e in events if e["ph"] == "e"])
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(spans) - len(reads)
+    by_thread: dict = {}
+    for e in complete:
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for intervals in by_thread.values():
+        intervals.sort(key=lambda iv: (iv[0], -iv[1]))
+        stack: list = []
+        for start, end in intervals:
+            while stack and stack[-1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 1e-3
+            stack.append(end)
+    counters = [e for e in events if e["ph"] == "C"]
+    assert counters[-1]["args"] == {"reads": 0, "bytes": 0}
+    assert max(c["args"]["reads"] for c in counters) >= 1
+
+
+def test_export_commands_write_files_and_refuse_a_run_without_spans(synthetic_run, tmp_path,
+                                                                    capsys):
+    assert main(["export", "perfetto", str(synthetic_run), "-o", str(tmp_path / "p.json")]) == 0
+    assert json.loads((tmp_path / "p.json").read_text())["traceEvents"]
+    assert main(["export", "otlp", str(synthetic_run), "-o", str(tmp_path / "o.json")]) == 0
+    merged = json.loads((tmp_path / "o.json").read_text())
+    count = sum(len(ss["spans"]) for rs in merged["resourceSpans"] for ss in rs["scopeSpans"])
+    assert count == len(load_run(synthetic_run).spans)
+    empty = tmp_path / "empty"
+    (empty / "spans").mkdir(parents=True)
+    assert main(["export", "otlp", str(empty)]) == 2
+    assert "has no span files" in capsys.readouterr().err

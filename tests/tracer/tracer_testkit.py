@@ -1,0 +1,57 @@
+"""Helpers the tracer tests share: a real OTLP/gRPC receiver, free ports, polling."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace collector that keeps every request it gets (optionally slowly)."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self._lock = threading.Lock()
+
+    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        with self._lock:
+            self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list:
+        with self._lock:
+            return [span for request in self.requests for rs in request.resource_spans
+                    for ss in rs.scope_spans for span in ss.spans]
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_receiver(delay_s: float = 0.0) -> tuple[Receiver, grpc.Server, int]:
+    receiver = Receiver(delay_s)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return receiver, server, port
+
+
+def wait_until(predicate, timeout_s: float = 20.0, step_s: float = 0.05) -> bool:
+    """Poll `predicate` (exports are asynchronous by design); True once it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()

@@ -1,0 +1,97 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A run's spans as Chrome trace-event JSON, which Perfetto and chrome://tracing open.
+
+One process per request (named by its request id). Complete (`X`) events must nest on a
+thread, so each request's spans are laid on as few thread lanes as keep them nested; storage
+reads, which overlap each other, are async (`b`/`e`) events instead. A counter track in
+process 0 shows reads and bytes in flight across the run. Times are the run's monotonic clock
+in µs, the same base as the probes' tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from tracer import semconv
+
+COUNTER_PID = 0
+
+
+def chrome_trace(spans: pd.DataFrame) -> dict[str, Any]:
+    """`{"traceEvents": [...]}` for a spans frame from analysis.load_run (monotonic ns)."""
+    if spans.empty:
+        raise ValueError("the run has no spans to export (was tracing on? see RUN/spans/)")
+    events: list[dict[str, Any]] = [_meta(COUNTER_PID, 0, "process_name", "kvscope")]
+    order = spans.groupby("request_id")["start_ns"].min().sort_values().index
+    for pid, request_id in enumerate(order, start=1):
+        own = spans[spans["request_id"] == request_id]
+        events.append(_meta(pid, 0, "process_name", str(request_id)))
+        is_read = own["name"] == semconv.SPAN_STORAGE_READ
+        events += _lane_events(pid, own[~is_read])
+        events += _async_events(pid, own[is_read])
+    events += _inflight_counter(spans[spans["name"] == semconv.SPAN_STORAGE_READ])
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def assign_lanes(starts: list[int], ends: list[int]) -> list[int]:
+    """A lane per interval such that intervals sharing a lane nest or are disjoint."""
+    order = sorted(range(len(starts)), key=lambda i: (starts[i], -ends[i]))
+    stacks: list[list[int]] = []
+    lanes = [0] * len(starts)
+    for i in order:
+        for lane, stack in enumerate(stacks):
+            while stack and stack[-1] <= starts[i]:
+                stack.pop()
+            if not stack or ends[i] <= stack[-1]:
+                break
+        else:
+            stacks.append([])
+            lane = len(stacks) - 1
+        stacks[lane].append(ends[i])
+        lanes[i] = lane
+    return lanes
+
+
+def _lane_events(pid: int, spans: pd.DataFrame) -> list[dict[str, Any]]:
+    lanes = assign_lanes(spans["start_ns"].tolist(), spans["end_ns"].tolist())
+    events = [_meta(pid, lane + 1, "thread_name", "spans" if lane == 0 else f"spans {lane + 1}")
+              for lane in sorted(set(lanes))]
+    for lane, row in zip(lanes, spans.itertuples(index=False)):
+        events.append({"name": row.name, "cat": "span", "ph": "X", "pid": pid, "tid": lane + 1,
+                       "ts": row.start_ns / 1e3, "dur": (row.end_ns - row.start_ns) / 1e3,
+                       "args": _args(row)})
+    return events
+
+
+def _async_events(pid: int, reads: pd.DataFrame) -> list[dict[str, Any]]:
+    events = []
+    for row in reads.itertuples(index=False):
+        common = {"name": row.name, "cat": "storage", "id": f"0x{row.span_id}", "pid": pid,
+                  "tid": 0}
+        events.append({**common, "ph": "b", "ts": row.start_ns / 1e3, "args": _args(row)})
+        events.append({**common, "ph": "e", "ts": row.end_ns / 1e3})
+    return events
+
+
+def _inflight_counter(reads: pd.DataFrame) -> list[dict[str, Any]]:
+    """Reads and bytes in flight after every read start or end."""
+    nbytes = [int(a.get(semconv.READ_BYTES, 0) or 0) for a in reads["attributes"]]
+    changes = sorted([(s, 1, b) for s, b in zip(reads["start_ns"], nbytes)]
+                     + [(e, -1, -b) for e, b in zip(reads["end_ns"], nbytes)])
+    count = inflight = 0
+    events = []
+    for ts, step, delta in changes:
+        count, inflight = count + step, inflight + delta
+        events.append({"name": "storage reads in flight", "ph": "C", "pid": COUNTER_PID,
+                       "ts": ts / 1e3, "args": {"reads": count, "bytes": inflight}})
+    return events
+
+
+def _args(row: Any) -> dict[str, Any]:
+    return {"trace_id": row.trace_id, "span_id": row.span_id, **row.attributes}
+
+
+def _meta(pid: int, tid: int, kind: str, name: str) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
