@@ -37,6 +37,7 @@ class ProbeSession:
         self.block: BlockProbe | None = None
         self.nvme: NvmeProbe | None = None
         self.sampler: InflightSampler | None = None
+        self.nvme_error = ""
         self.started_ns = 0
         self._stopped = False
 
@@ -63,13 +64,22 @@ class ProbeSession:
         self.block = BlockProbe(opts, pids=self.pids, devices=self.devices)
         try:
             self.block.start()
-            if plan.nvme:
-                self.nvme = NvmeProbe().start()
         except BaseException:
-            self.block.stop()
             self.block = None
             raise
         self.plan = plan
+        if plan.nvme:
+            self._start_nvme()
+
+    def _start_nvme(self) -> None:
+        """NVMe failing to attach costs only the NVMe rows; block probing carries on."""
+        try:
+            self.nvme = NvmeProbe().start()
+        except Exception as e:
+            log.debug("NVMe probe start failed", exc_info=True)
+            log.warning("kvscope probes: the NVMe probe failed to compile or attach (%s); "
+                        "block requests are still recorded, nvme_io is not", e)
+            self.nvme_error = str(e)
 
     def stop(self) -> None:
         """Detach everything, append this phase's rows and update manifest["probes"]."""
@@ -101,6 +111,8 @@ class ProbeSession:
         rows = {"block_io": len(result.block_io), "queue_depth": len(result.queue_depth)}
         lost = dict(result.lost_events)
         record: dict[str, Any] = {"histograms_log2_us": result.histograms}
+        if self.nvme_error:
+            record["nvme_error"] = self.nvme_error
         if self.nvme is not None:
             nvme_io, nvme_depth, summary = self.nvme.result(self.phase)
             rundir.append_table(self.run, "nvme_io", nvme_io)

@@ -84,3 +84,10 @@ def test_cli_sigint_detaches_and_writes_the_tables(tmp_path: Path, workload,
     manifest = rundir.read_manifest(out)
     assert manifest["phases"][0]["name"] == "cold" and manifest["workload"]["probe_only"]
     assert json.dumps(manifest)  # plain JSON all the way down
+
+
+def test_cli_ebpf_prints_the_program_it_would_load() -> None:
+    out = subprocess.run([*KVSCOPE, "probe", "--out", "unused", "--ebpf", "-p", "1"],
+                         check=True, capture_output=True, text=True).stdout
+    assert "RAW_TRACEPOINT_PROBE(block_io_start)" in out and "#define FILTER_PIDS 1" in out
+    assert "#define KEY_RQ 1" in out  # this kernel has raw tracepoints and BTF
