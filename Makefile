@@ -8,7 +8,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/kvscope demo
+	$(VENV)/bin/kvscope demo $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
