@@ -12,6 +12,7 @@ Finding = dict[str, str]
 SHARE_NOTABLE = 0.30  # a component above this share of TTFT gets a finding
 SATURATED_DEPTH = 4.0  # mean in-flight requests that count as a deep queue
 SHALLOW_DEPTH = 2.0
+CEILING_SATURATED = 0.8  # reads at this share of the measured device ceiling saturate it
 
 
 def find(run: Run, attribution: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
@@ -80,6 +81,15 @@ def _vllm_queue(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Find
             for g in summary["groups"] if (g["share_of_ttft"]["queueing"] or 0) > SHARE_NOTABLE]
 
 
+def _ceiling_share(run: Run, summary: dict, phase: str) -> tuple[float, float] | None:
+    """(read rate, its share of the device ceiling measured in the same run) for a phase."""
+    ceiling = (run.manifest.get("device_ceiling") or {}).get("bytes_per_s")
+    rates = [r["wall_bytes_per_s"] for r in summary["read_bandwidth"] if r["phase"] == phase]
+    if not ceiling or not rates or not rates[0]:
+        return None
+    return rates[0], rates[0] / ceiling
+
+
 def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
     """Storage-dominated groups: saturated device, or software-bound with a shallow queue."""
     depth = max((d["mean"] for d in summary["queue_depth"]), default=None)
@@ -93,10 +103,17 @@ def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[F
         read = float(rows["storage_read_ns"].sum()) or 1.0
         device = float(rows[["storage_device_queue_ns", "storage_device_service_ns"]].sum().sum())
         where = f"{g['phase']} (conc {g['concurrency']}): storage read is {share:.0%} of TTFT"
-        if depth is not None and depth >= SATURATED_DEPTH and device / read > 0.5:
+        vs_ceiling = _ceiling_share(run, summary, g["phase"])
+        if vs_ceiling is not None:
+            rate, of_ceiling = vs_ceiling
+            where += (f"; reads ran at {rate / 1e9:.2f} GB/s, {of_ceiling:.0%} of the device "
+                      "ceiling measured in this run")
+        saturated = (vs_ceiling[1] >= CEILING_SATURATED if vs_ceiling is not None else
+                     depth is not None and depth >= SATURATED_DEPTH and device / read > 0.5)
+        if saturated:
             out.append(_finding("device-saturated", "warning", f"{where}; {device / read:.0%} of "
-                                f"it is in the device with {depth:.1f} requests in flight on "
-                                "average: the device is at its ceiling, a faster one is the fix"))
+                                "it is in the device: the device is at its ceiling, a faster one "
+                                "(or more of them) is the fix"))
         elif depth is not None and depth < SHALLOW_DEPTH:
             out.append(_finding("software-bound", "warning", f"{where}; only {device / read:.0%} "
                                 f"is in the device and {depth:.1f} requests are in flight on "

@@ -54,3 +54,17 @@ def test_storage_findings_say_why(depth, with_io, finding):
     run = _storage_heavy(depth, with_io)
     summary = summarize(run, attribute(run))
     assert finding in {f["id"] for f in summary["findings"]}
+
+
+@pytest.mark.parametrize(("ceiling_bytes_per_s", "finding"), [
+    pytest.param(1e6, "device-saturated", id="reads-at-the-measured-ceiling"),
+    pytest.param(1e12, "storage-bound", id="reads-far-below-the-measured-ceiling"),
+])
+def test_measured_ceiling_decides_saturation(ceiling_bytes_per_s, finding):
+    run = _storage_heavy(8, True)
+    run.block_io = run.block_io.assign(bytes=1 << 20)  # 1 MiB in 84 ms: about 12.5 MB/s
+    run.manifest["device_ceiling"] = {"bytes_per_s": ceiling_bytes_per_s}
+    summary = summarize(run, attribute(run))
+    found = {f["id"]: f["message"] for f in summary["findings"]}
+    assert finding in found
+    assert "of the device ceiling measured in this run" in found[finding]
