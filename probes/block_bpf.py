@@ -167,6 +167,13 @@ RAW_TRACEPOINT_PROBE(block_rq_insert) {
     return 0;
 }
 
+/* A request merged into another is freed without issue or completion: forget it. */
+RAW_TRACEPOINT_PROBE(block_rq_merge) {
+    rqkey_t key = ctx->args[0];
+    reqs.delete(&key);
+    return 0;
+}
+
 RAW_TRACEPOINT_PROBE(block_rq_issue) {
     void *rq = (void *)ctx->args[0];
     u32 op = read_u32(rq, REQUEST_CMD_FLAGS) & 0xff;   /* REQ_OP_MASK */
@@ -196,6 +203,12 @@ TRACEPOINT_PROBE(block, START_TRACEPOINT) {
 TRACEPOINT_PROBE(block, block_rq_insert) {
     rqkey_t key = {.dev = args->dev, .sector = args->sector};
     insert_request(&key);
+    return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_merge) {
+    rqkey_t key = {.dev = args->dev, .sector = args->sector};
+    reqs.delete(&key);
     return 0;
 }
 

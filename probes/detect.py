@@ -92,9 +92,10 @@ def detect() -> Plan | Fallback:
     from bcc import BPF
 
     has = {name: BPF.tracepoint_exists("block", name) for name in
-           ("block_io_start", "block_getrq", "block_rq_insert", "block_rq_issue",
-            "block_rq_complete")}
-    missing = [n for n in ("block_rq_insert", "block_rq_issue", "block_rq_complete") if not has[n]]
+           ("block_io_start", "block_getrq", "block_rq_insert", "block_rq_merge",
+            "block_rq_issue", "block_rq_complete")}
+    needed = ("block_rq_insert", "block_rq_merge", "block_rq_issue", "block_rq_complete")
+    missing = [n for n in needed if not has[n]]
     if missing:
         return Fallback(f"tracepoints block:{', block:'.join(missing)} are missing",
                         "use a kernel built with CONFIG_TRACEPOINTS (every distribution kernel "
@@ -125,8 +126,8 @@ def _plan(bpf: Any, has: dict[str, bool]) -> Plan | Fallback:
                         "use a kernel with block:block_io_start (6.5+) or block:block_getrq")
     nvme = all(bpf.tracepoint_exists("nvme", n) for n in NVME_TRACEPOINTS)
     kind = "raw_tp" if key == "rq" else "tp"
-    tracepoints = [f"{kind}:block:{n}" for n in (start, "block_rq_insert", "block_rq_issue",
-                                                 "block_rq_complete")]
+    tracepoints = [f"{kind}:block:{n}" for n in (start, "block_rq_insert", "block_rq_merge",
+                                                 "block_rq_issue", "block_rq_complete")]
     if nvme:
         tracepoints += [f"tp:nvme:{n}" for n in NVME_TRACEPOINTS]
     note = f"keyed by (dev, sector) because {note}" if note else ""

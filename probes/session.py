@@ -100,9 +100,12 @@ class ProbeSession:
     def _write_sampler(self) -> dict[str, Any]:
         depth, diskstats = self.sampler.stop(self.phase)
         rundir.append_table(self.run, "queue_depth", depth)
-        return {"mode": "fallback-sampler", "tracepoints": [],
-                "why_fallback": self.fallback.message(), "lost_events": {},
-                "rows": {"queue_depth": len(depth)}, "diskstats": diskstats}
+        record = {"mode": "fallback-sampler", "tracepoints": [],
+                  "why_fallback": self.fallback.message(), "lost_events": {},
+                  "rows": {"queue_depth": len(depth)}, "diskstats": diskstats}
+        if self.pids:
+            record["pid_filter"] = "not applied: the sampler sees whole devices"
+        return record
 
     def _write_bpf(self) -> dict[str, Any]:
         result = self.block.result(self.phase)
@@ -153,6 +156,10 @@ def start(run: Path, phase: str, *, pids: Iterable[int] | None = None,
     rundir.read_manifest(run)  # fail now, not after the phase, if RUN is not a run directory
     for device in devices or ():
         resolve_device(device)  # a clear ValueError for a bad name, before any BPF work
+    for pid in pids or ():
+        if not Path(f"/proc/{pid}").exists():
+            raise ValueError(f"pid {pid}: no such process; pass the pid of a running process "
+                             f"(for vLLM, the worker process that reads the KV chunks)")
     session = ProbeSession(run, phase, sorted(set(pids or ())), sorted(set(devices or ())))
     session._start()
     return session

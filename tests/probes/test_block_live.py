@@ -139,7 +139,7 @@ def test_device_filter_keeps_only_that_disk(workload, loop_device: Path) -> None
 def test_no_program_stays_attached_after_stop(workload, loop_device: Path) -> None:
     probe = BlockProbe(BlockOptions(), devices=[loop_device.name]).start()
     ids = probe.program_ids()
-    assert len(ids) == 4  # raw block_io_start, block_rq_insert, block_rq_issue, block_rq_complete
+    assert len(ids) == 5  # raw block_io_start, _rq_insert, _rq_merge, _rq_issue, _rq_complete
     loaded = {p["id"] for p in json.loads(subprocess.check_output(["bpftool", "prog", "-j"]))}
     assert set(ids) <= loaded
     probe.stop()

@@ -38,9 +38,11 @@ def test_session_appends_phases_and_records_the_mode(run_dir: Path, workload,
     assert table_problems == ["requests.parquet is missing"]  # ours are schema v1
 
 
-def test_session_rejects_a_bad_device_and_a_missing_run(run_dir: Path, tmp_path: Path) -> None:
+def test_session_rejects_bad_devices_pids_and_runs(run_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nosuchdisk"):
         session.start(run_dir, "p", devices=["nosuchdisk"])
+    with pytest.raises(ValueError, match="pid 999999999: no such process"):
+        session.start(run_dir, "p", pids=[999999999])
     with pytest.raises(rundir.RunDirError, match="not a kvscope run directory"):
         session.start(tmp_path / "nothing", "p")
 
