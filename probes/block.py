@@ -2,7 +2,7 @@
 """The block probe: one record per block request, in-kernel log2 histograms, in-flight depth.
 
 Usage (as root):
-    with BlockProbe(BlockOptions(filter_pids=True), pids={1234}, devices={"vda"}) as probe:
+    with BlockProbe(BlockOptions(), pids={1234}, devices={"vda"}) as probe:
         ...workload...
     result = probe.result("cold")   # block_io and queue_depth frames, histograms, lost counts
 """
@@ -51,7 +51,12 @@ def resolve_device(name: str, sys_root: Path = Path("/sys")) -> int:
 def disk_holding(path: Path) -> str:
     """Name of the whole disk under the file system holding `path` (e.g. the KV cache folder)."""
     st_dev = os.stat(path).st_dev
-    node = Path(f"/sys/dev/block/{os.major(st_dev)}:{os.minor(st_dev)}").resolve()
+    dev = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    node = Path(f"/sys/dev/block/{dev}")
+    if not node.exists():
+        raise ValueError(f"{path} is not on a block device (its file system is device {dev}, "
+                         f"e.g. tmpfs or overlay); put the data on a disk to probe its reads")
+    node = node.resolve()
     return node.parent.name if (node / "partition").exists() else node.name
 
 

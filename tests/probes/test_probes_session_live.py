@@ -13,6 +13,7 @@ import pytest
 
 from kvscope import rundir
 from probes import session
+from probes.block import disk_holding
 
 pytestmark = pytest.mark.root
 
@@ -43,6 +44,8 @@ def test_session_rejects_bad_devices_pids_and_runs(run_dir: Path, tmp_path: Path
         session.start(run_dir, "p", devices=["nosuchdisk"])
     with pytest.raises(ValueError, match="pid 999999999: no such process"):
         session.start(run_dir, "p", pids=[999999999])
+    with pytest.raises(ValueError, match="not on a block device"):
+        disk_holding(Path("/proc/self"))
     with pytest.raises(rundir.RunDirError, match="not a kvscope run directory"):
         session.start(tmp_path / "nothing", "p")
 
