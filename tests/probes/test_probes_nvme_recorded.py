@@ -8,6 +8,11 @@ tests/probes/data/sys is the matching slice of sysfs. See tests/probes/data/READ
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -56,6 +61,7 @@ def test_depth_per_hardware_queue_recorded_nvme_tracepoints(decoded) -> None:
     tcp_reads = per_queue[(1, 1, 2)]
     assert tcp_reads["transport"] == "tcp" and tcp_reads["commands"] == 3
     assert tcp_reads["max_inflight"] == 3 and tcp_reads["max_us"] == 600
+    assert json.loads(json.dumps(summary))["per_queue"]  # goes into the manifest as it is
 
 
 def test_nvme_program_renders_both_tracepoints() -> None:
@@ -65,3 +71,28 @@ def test_nvme_program_renders_both_tracepoints() -> None:
     assert "RINGBUF_PAGES" not in text and "_KIND" not in text
     with pytest.raises(ValueError, match="power of two"):
         render(NvmeOptions(ringbuf_pages=100))
+
+
+VERIFY = """
+from bcc import BPF
+from probes.nvme_bpf import NvmeOptions, render
+BPF._trace_autoload = lambda self: None   # load and verify only: the tracepoints do not exist
+bpf = BPF(text=render(NvmeOptions()).encode())
+for name in (b"tracepoint__nvme__nvme_setup_cmd", b"tracepoint__nvme__nvme_complete_rq"):
+    bpf.load_func(name, BPF.TRACEPOINT)
+print("verified")
+"""
+
+
+@pytest.mark.root
+def test_nvme_program_passes_the_verifier_with_recorded_tracepoint_formats(
+        recorded_nvme_data) -> None:
+    """bcc compiles the NVMe program against recorded format files (tmpfs over tracefs in a
+    private mount namespace) and the kernel verifier loads both programs."""
+    formats = recorded_nvme_data[1].parent / "tracefs"
+    script = (f"for d in /sys/kernel/tracing /sys/kernel/debug; do mount -t tmpfs none $d; done; "
+              f"cp -r {formats}/. /sys/kernel/tracing/; mkdir /sys/kernel/debug/tracing; "
+              f"cp -r {formats}/. /sys/kernel/debug/tracing/; exec {sys.executable} -c '{VERIFY}'")
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == "verified", out.stderr[-3000:]
