@@ -7,6 +7,7 @@ bcc 0.26 has no CO-RE for its C programs; these offsets are its hand-made reloca
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -52,8 +53,10 @@ def struct_offsets(dump: str, needed: dict[str, tuple[str, ...]]) -> dict[str, i
     return found
 
 
+@functools.cache
 def kernel_offsets() -> dict[str, int]:
-    """Offsets for NEEDED on the running kernel; BtfError if BTF or bpftool is missing."""
+    """Offsets for NEEDED on the running kernel (once per process; the kernel cannot change
+    under it); BtfError if BTF or bpftool is missing."""
     if not VMLINUX_BTF.exists():
         raise BtfError(f"{VMLINUX_BTF} is missing (kernel built without CONFIG_DEBUG_INFO_BTF)")
     try:
