@@ -19,6 +19,7 @@ import logging
 import os
 
 # Third Party
+from lmcache.logging import init_logger
 from lmcache.utils import parse_cache_key
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
@@ -45,6 +46,9 @@ class ParallelDiskBackend(StoragePluginInterface):
                  ) -> None:
         super().__init__(dst_device=dst_device, config=config, metadata=metadata,
                          local_cpu_backend=local_cpu_backend, loop=loop)
+        # LMCache's handler and level for the whole package: a vLLM server configures no root
+        # logger, so without it the INFO lines (start-up, chunks found) would be dropped.
+        init_logger(__package__)
         fallback_gb = float(getattr(config, "max_local_disk_size", 0.0) or 0.0)
         self.settings: DiskConfig = from_extra_config(getattr(config, "extra_config", None),
                                                       fallback_gb)

@@ -6,16 +6,20 @@ so its files cannot be found again after a restart nor verified. Ours carry the 
 and a CRC32 of the payload, and are published with write-temp / fsync / rename so a reader never
 sees a half-written chunk under the final name.
 
+Version 2 checksums with CRC32C (Castagnoli; SSE4.2 / ARMv8 instructions through
+``google-crc32c``): ~12-17 GB/s on one core here against ~7 GB/s for zlib's CRC32, which
+version 1 used. Files of another version are refused as ``foreign`` (a miss, recomputed).
+
 Layout (little endian)::
 
     0      8s  magic  b"KVSCOPE\\x01"
-    8      I   format version (1)
+    8      I   format version (2)
     12     I   meta_len: bytes of UTF-8 JSON metadata that follow the fixed part
     16     Q   payload_len: payload bytes (before padding)
     24     I   crc_block: bytes covered by each payload CRC (1 MiB, more for huge chunks)
-    28     I   header_crc: zlib.crc32 of bytes [0, 28) + the JSON metadata
+    28     I   header_crc: CRC32C of bytes [0, 28) + the JSON metadata
     32     ... JSON metadata: key, shape, dtype, fmt, cached_positions, geometry, and
-               crcs: base64 of little-endian uint32 zlib.crc32 of each crc_block of payload
+               crcs: base64 of little-endian uint32 CRC32C of each crc_block of payload
     ...    zero padding up to 4096
     4096   payload, zero padded to a multiple of 4096
 """
@@ -24,15 +28,18 @@ Layout (little endian)::
 from dataclasses import dataclass, field
 from typing import Any, Optional
 import base64
+import ctypes
 import hashlib
 import json
 import os
 import struct
 import threading
-import zlib
+
+# Third Party
+import google_crc32c
 
 MAGIC = b"KVSCOPE\x01"
-VERSION = 1
+VERSION = 2
 ALIGN = 4096
 HEADER_SIZE = 4096
 SUFFIX = ".kvc"
@@ -86,14 +93,29 @@ def crc_block_for(payload_len: int) -> int:
     return max(mib, -(-payload_len // MAX_CRC_BLOCKS // mib) * mib)
 
 
+def crc32c(data: Any, crc: int = 0) -> int:
+    """CRC32C of a buffer, continuing from ``crc``; no copy for writable buffers.
+
+    ``google_crc32c`` releases the GIL but takes only buffers without a release hook (bytes,
+    ctypes arrays), not memoryviews: a writable buffer is wrapped in a ctypes array over the
+    same memory, a read-only one (tests, small headers) is copied to bytes.
+    """
+    view = memoryview(data).cast("B")
+    if view.readonly:
+        buf: Any = view.tobytes()
+    else:
+        buf = (ctypes.c_ubyte * len(view)).from_buffer(view)
+    return google_crc32c.extend(crc, buf)
+
+
 def block_crcs(payload: memoryview, block: int) -> tuple[int, ...]:
-    """CRC32 of each ``block`` bytes of the payload (zlib releases the GIL: ~6.6 GB/s here).
+    """CRC32C of each ``block`` bytes of the payload.
 
     Per-block CRCs let each reader thread verify the blocks it just read while other reads
     are in flight, instead of one pass over the whole chunk after its last read.
     """
-    return tuple(zlib.crc32(payload[i : i + block]) & 0xFFFFFFFF
-                 for i in range(0, len(payload), block))
+    view = memoryview(payload).cast("B")
+    return tuple(crc32c(view[i : i + block]) for i in range(0, len(view), block))
 
 
 def encode_header(header: ChunkHeader) -> bytes:
@@ -110,7 +132,7 @@ def encode_header(header: ChunkHeader) -> bytes:
     if _FIXED.size + len(meta) > HEADER_SIZE:
         raise ValueError(f"chunk metadata of {len(meta)} bytes does not fit the 4 KiB header")
     head = struct.pack("<8sIIQI", MAGIC, VERSION, len(meta), header.payload_len, header.crc_block)
-    header_crc = zlib.crc32(meta, zlib.crc32(head)) & 0xFFFFFFFF
+    header_crc = crc32c(meta, crc32c(head))
     block = head + struct.pack("<I", header_crc) + meta
     return block + b"\0" * (HEADER_SIZE - len(block))
 
@@ -127,7 +149,7 @@ def decode_header(block: bytes, file_size: int) -> ChunkHeader:
     if _FIXED.size + meta_len > min(len(block), HEADER_SIZE):
         raise CorruptChunk("corrupt_header", f"metadata length {meta_len}")
     meta = block[_FIXED.size : _FIXED.size + meta_len]
-    if zlib.crc32(meta, zlib.crc32(block[:28])) & 0xFFFFFFFF != header_crc:
+    if crc32c(meta, crc32c(block[:28])) != header_crc:
         raise CorruptChunk("corrupt_header", "header checksum mismatch")
     if file_size < file_size_for(payload_len):
         raise CorruptChunk("truncated", f"{file_size} bytes, expected {file_size_for(payload_len)}")

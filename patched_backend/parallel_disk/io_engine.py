@@ -17,10 +17,9 @@ import os
 import queue
 import threading
 import time
-import zlib
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, padded
+from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, crc32c, padded
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +64,8 @@ class ChunkRead:
                 break
             if self._verified[index]:
                 continue
-            if zlib.crc32(self.dest[lo:hi]) & 0xFFFFFFFF != self.crcs[index]:
-                self.fail("checksum", f"{self.path}: CRC32 mismatch in payload bytes {lo}-{hi}")
+            if crc32c(self.dest[lo:hi]) != self.crcs[index]:
+                self.fail("checksum", f"{self.path}: CRC32C mismatch in payload bytes {lo}-{hi}")
                 return
             self._verified[index] = True
 

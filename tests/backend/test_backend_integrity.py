@@ -3,13 +3,14 @@
 
 # Standard
 import os
+import struct
 
 # Third Party
 import pytest
 
 # First Party
 from backend_support import CHUNK, assert_exact, chunk_path, kv_tensor
-from patched_backend.parallel_disk.chunkfile import HEADER_SIZE
+from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, VERSION
 
 
 def _flip_payload_byte(path: str, offset: int = 1234) -> None:
@@ -29,6 +30,13 @@ def _replace_with_foreign(path: str) -> None:
     with open(tmp, "wb") as f:
         f.write(b"not a kvscope chunk".ljust(os.path.getsize(path), b"\0"))
     os.replace(tmp, path)
+
+
+def _older_format_version(path: str) -> None:
+    """Version 1 (zlib CRC32) chunk files are not read by version 2: a miss, not an error."""
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<I", VERSION - 1))
 
 
 DAMAGE = [
@@ -66,6 +74,7 @@ def test_damaged_chunk_while_running_is_a_miss(harness, tmp_path, damage, reason
     pytest.param(_flip_payload_byte, "checksum", id="corrupt-payload"),
     pytest.param(_truncate, "truncated", id="truncated"),
     pytest.param(_replace_with_foreign, "foreign", id="foreign"),
+    pytest.param(_older_format_version, "foreign", id="older-format-version"),
 ])
 def test_damaged_chunk_after_restart_is_never_served(harness, tmp_path, damage, reason):
     first = harness()

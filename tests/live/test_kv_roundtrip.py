@@ -17,9 +17,9 @@ HERE = Path(__file__).parent
 pytestmark = pytest.mark.live
 
 
-def _roundtrip(model_dir: Path, tmp_path: Path, tokens: int) -> dict:
+def _roundtrip(model_dir: Path, tmp_path: Path, tokens: int, profile: str) -> dict:
     kv_dir = tmp_path / "kv"
-    config = profiles.get("stock").lmcache_config(kv_dir)
+    config = profiles.get(profile).lmcache_config(kv_dir)
     (tmp_path / "lmcache.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "LMCACHE_CONFIG_FILE": str(tmp_path / "lmcache.yaml"),
            "VLLM_CPU_KVCACHE_SPACE": "3", "PYTHONPATH": str(HERE)}
@@ -32,9 +32,12 @@ def _roundtrip(model_dir: Path, tmp_path: Path, tokens: int) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("twin", ["tiny", "qwen2.5-32b"])
-def test_kv_blocks_round_trip_bit_exact_through_lmcache_disk(twin, twin_dir, tmp_path):
-    result = _roundtrip(twin_dir(twin), tmp_path, tokens=512)
+@pytest.mark.parametrize(("twin", "profile"), [
+    ("tiny", "stock"), ("qwen2.5-32b", "stock"),
+    ("qwen2.5-32b", "kvscope"), ("tiny", "kvscope-serial"),  # the parallel-read backend
+])
+def test_kv_blocks_round_trip_bit_exact_through_lmcache_disk(twin, profile, twin_dir, tmp_path):
+    result = _roundtrip(twin_dir(twin), tmp_path, tokens=512, profile=profile)
 
     assert result["connector"] == "CPUPagedKVConnector"
     assert result["differs_before"], "destination blocks must start different from the source"

@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers for the live backend tests: drive ``kvscope run`` and inspect its chunk files."""
+
+# Standard
+from pathlib import Path
+from typing import Any
+import os
+import re
+import subprocess
+import sys
+
+# Third Party
+import pandas as pd
+
+# First Party
+from kvscope import rundir
+from patched_backend.parallel_disk.chunkfile import (
+    HEADER_SIZE, SUFFIX, TEMP_PREFIX, ChunkHeader, block_crcs, read_header,
+)
+
+CHUNK_TOKENS = 256
+_FOUND = re.compile(r"kvscope disk backend at .*?(\d+) chunks \(\d+ bytes\) found on disk")
+
+
+def run_argv(out: Path, kv_dir: Path, port: int, *options: str) -> list[str]:
+    """argv of a ``kvscope run`` with the ``kvscope`` profile, no probes or tracing."""
+    return [sys.executable, "-m", "kvscope.cli", "run", "--profile", "kvscope",
+            "--out", str(out), "--kv-dir", str(kv_dir), "--keep-kv", "--port", str(port),
+            "--no-probes", "--no-tracing", "--max-tokens", "4", *options]
+
+
+def kvscope_run(out: Path, kv_dir: Path, port: int, *options: str) -> pd.DataFrame:
+    """Run ``kvscope run`` to completion; its requests table (the run must succeed)."""
+    proc = subprocess.run(run_argv(out, kv_dir, port, *options), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert rundir.validate(out) == []
+    return rundir.read_table(out, "requests")
+
+
+def chunks_found_at_start(run: Path) -> int:
+    """Chunks the backend indexed from disk at start-up (its start-up log line)."""
+    found = _FOUND.findall((run / "server.log").read_text(errors="replace"))
+    assert len(found) == 1, "expected one 'kvscope disk backend at' line in server.log"
+    return int(found[0])
+
+
+def server_log(run: Path) -> str:
+    """The run's server log."""
+    return (run / "server.log").read_text(errors="replace")
+
+
+def chunk_files(kv_dir: Path) -> list[Path]:
+    """Published chunk files (not temporary or quarantined ones)."""
+    return sorted(p for p in kv_dir.iterdir() if p.name.endswith(SUFFIX))
+
+
+def temp_files(kv_dir: Path) -> list[Path]:
+    """Temporary files of writes in progress (or of a writer that died)."""
+    return [p for p in kv_dir.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def verify_file(path: Path) -> ChunkHeader:
+    """Read a whole chunk file and check its header and every payload CRC (AssertionError)."""
+    header, _ = read_header(str(path))
+    with open(path, "rb") as f:
+        f.seek(HEADER_SIZE)
+        payload = memoryview(bytearray(f.read(header.payload_len)))
+    assert len(payload) == header.payload_len, f"{path} is short"
+    assert block_crcs(payload, header.crc_block) == header.crcs, f"{path}: payload CRC differs"
+    return header
+
+
+def hit_chunks(requests: pd.DataFrame) -> Any:
+    """Chunks each request loaded: vLLM counts a full hit as one token less (it recomputes it)."""
+    return -(-requests["cached_tokens"] // CHUNK_TOKENS)
+
+
+def kill_server_group(driver_pid: int) -> int:
+    """SIGKILL the vLLM server process group that the ``kvscope run`` driver started."""
+    # Standard
+    import signal
+
+    # Third Party
+    import psutil
+
+    for child in psutil.Process(driver_pid).children(recursive=True):
+        if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+            os.killpg(child.pid, signal.SIGKILL)  # the server runs in its own session
+            return child.pid
+    raise AssertionError(f"no vLLM server under kvscope run pid {driver_pid}")
