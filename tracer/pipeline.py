@@ -196,12 +196,36 @@ def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) 
         pipeline.stats_path = Path(spans_dir) / STATS_DIR / f"{prefix}-{os.getpid()}.json"
     remote = otlp_exporter(env)
     if remote is not None:
+        _quiet_repeated_exporter_logs()
         provider.add_span_processor(
             CountingBatchProcessor(CountingExporter("otlp", remote, counters), counters,
                                    **batch_settings(env)))
         pipeline.exporters.append("otlp")
     provider.add_span_processor(_EndCounter(counters))
     return pipeline
+
+
+class _FirstOnly(logging.Filter):
+    """Lets one record through: the OTLP exporters log every failed export themselves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        first, self.seen = not self.seen, True
+        return first
+
+
+_OTLP_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
+                 "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+
+
+def _quiet_repeated_exporter_logs() -> None:
+    for name in _OTLP_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _FirstOnly) for f in log.filters):
+            log.addFilter(_FirstOnly())
 
 
 class _StatsAfterExport(SpanExporter):

@@ -107,10 +107,8 @@ def on_update_from_output(wrapped: Any, instance: Any, args: tuple, kwargs: dict
         if request is None or (request.num_output_tokens == 0 and not request.is_finished()):
             continue
         live = _live.pop(rid)
-        spans.record(runtime.get(), semconv.SPAN_FIRST_TOKEN, live.trace, now, now, {
-            semconv.GEN_AI_PROMPT_TOKENS: request.num_prompt_tokens,
-            semconv.CACHED_TOKENS: max(int(getattr(request, "num_cached_tokens", -1)), -1),
-        })
+        spans.record(runtime.get(), semconv.SPAN_FIRST_TOKEN, live.trace, now, now,
+                     {semconv.GEN_AI_PROMPT_TOKENS: request.num_prompt_tokens})
     return result
 
 
