@@ -22,7 +22,7 @@ import pandas as pd
 
 from probes import frames
 from probes.btf import kernel_offsets
-from probes.block_bpf import BATCH_DTYPE, LOST_KEYS, BlockOptions, render
+from probes.block_bpf import BATCH_DTYPE, LOST_KEYS, TWIN, BlockOptions, render
 from probes.collect import RingCollector
 
 
@@ -76,6 +76,7 @@ class BlockProbe:
         self._open: list[tuple[int, int]] = []
         self._hists: dict[str, dict[str, dict[int, int]]] = {}
         self._lost: dict[str, int] = {}
+        self._twin_fd = -1
 
     def start(self) -> "BlockProbe":
         if self._bpf is not None:
@@ -84,6 +85,8 @@ class BlockProbe:
 
         bpf = BPF(text=render(self.opts).encode())
         try:
+            if self.opts.key == "rq":
+                self._twin_fd = _attach_twin(bpf)
             for pid in self.pids:
                 bpf[b"pids"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
             for dev in self.devs:
@@ -109,8 +112,11 @@ class BlockProbe:
             lost = bpf[b"lost"]
             self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
             self._lost["bad_record_size"] = bad
-            self._lost["recursion_misses"] = recursion_misses(program_ids(bpf))
+            self._lost.update(recursion_misses(bpf))
         finally:
+            if self._twin_fd >= 0:
+                os.close(self._twin_fd)
+                self._twin_fd = -1
             bpf.cleanup()
 
     def program_ids(self) -> list[int]:
@@ -139,33 +145,56 @@ class BlockProbe:
         )
 
 
+def _attach_twin(bpf: Any) -> int:
+    """Attach the second completion program; bcc keeps one attachment per raw tracepoint
+    name, so this one goes through libbcc directly and its fd is closed by stop()."""
+    from bcc import BPF
+    from bcc.libbcc import lib
+
+    fn = bpf.load_func(TWIN, BPF.RAW_TRACEPOINT)
+    fd = lib.bpf_attach_raw_tracepoint(fn.fd, b"block_rq_complete")
+    if fd < 0:
+        raise OSError(f"cannot attach {TWIN.decode()} to raw tracepoint block_rq_complete")
+    return fd
+
+
 def program_ids(bpf: Any) -> list[int]:
-    """Ids of the programs a bcc BPF object loaded, read from /proc/self/fdinfo of their fds."""
-    if bpf is None:
-        return []
-    ids = []
-    for fn in bpf.funcs.values():
+    """Ids of the programs a bcc BPF object loaded (`bpftool prog show id N`)."""
+    return sorted(_ids_by_name(bpf).values()) if bpf is not None else []
+
+
+def _ids_by_name(bpf: Any) -> dict[bytes, int]:
+    """Program name -> kernel id, read from /proc/self/fdinfo of the program fds."""
+    ids = {}
+    for name, fn in bpf.funcs.items():
         for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines():
             if line.startswith("prog_id:"):
-                ids.append(int(line.split()[1]))
-    return sorted(ids)
+                ids[name] = int(line.split()[1])
+    return ids
 
 
-def recursion_misses(ids: list[int]) -> int:
-    """Runs the kernel skipped because the program was already running on that CPU (each one a
-    lost event), from `bpftool prog show`; -1 when bpftool is not installed."""
+def recursion_misses(bpf: Any) -> dict[str, int]:
+    """Runs the kernel skipped because the program was already running on that CPU, from
+    `bpftool prog show` (-1 when bpftool is missing). Skips of the completion twins are
+    `complete_nested`: the other twin took those unless both were busy (doubly nested)."""
+    ids = _ids_by_name(bpf)
+    twins = {i for name, i in ids.items() if b"block_rq_complete" in name}
     try:
         out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True,
                              text=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        return -1
-    return sum(p.get("recursion_misses", 0) for p in json.loads(out) if p["id"] in ids)
+        return {"recursion_misses": -1}
+    misses = {p["id"]: p.get("recursion_misses", 0) for p in json.loads(out)}
+    return {
+        "recursion_misses": sum(misses.get(i, 0) for i in ids.values() if i not in twins),
+        "complete_nested": sum(misses.get(i, 0) for i in twins),
+    }
 
 
 def _pending_batches(table: Any) -> np.ndarray:
-    """The per-CPU batches not yet full when the probe stopped."""
-    per_cpu = table[ctypes.c_int(0)]
-    raw = b"".join(ctypes.string_at(ctypes.addressof(b), ctypes.sizeof(b)) for b in per_cpu)
+    """The per-CPU batches of both completion programs not yet full when the probe stopped."""
+    raw = b"".join(ctypes.string_at(ctypes.addressof(b), ctypes.sizeof(b))
+                   for slot in (0, 1) for b in table[ctypes.c_int(slot)])
     return np.frombuffer(raw, dtype=BATCH_DTYPE)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 # Indexes of the `lost` array, also the manifest's lost_events keys.
 LOST_KEYS = ("ringbuf_full", "map_full")
+TWIN = b"block_rq_complete_twin"  # second completion program, attached by the probe (rq key)
 BATCH = 32  # completions per ring-buffer record
 
 BPF_TEXT = r"""
@@ -45,7 +46,7 @@ struct batch_t { u32 n; u32 pad; struct event_t ev[BATCH]; };
 struct hist_key_t { u32 dev; u32 slot; };
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-BPF_PERCPU_ARRAY(pending, struct batch_t, 1);
+BPF_PERCPU_ARRAY(pending, struct batch_t, 2);   /* one per completion program (twins) */
 BPF_HASH(reqs, rqkey_t, struct req_t, MAX_REQUESTS);   /* preallocated: cheaper than LRU */
 BPF_HASH(pids, u32, u8, 1024);
 BPF_HASH(devs, u32, u8, 64);
@@ -94,11 +95,10 @@ static inline void issue_request(rqkey_t *key, u32 dev, u64 sector, u32 bytes, c
     __builtin_memcpy(r->rwbs, rwbs, sizeof(r->rwbs));
 }
 
-static inline void complete_request(rqkey_t *key, s32 error) {
+static inline void complete_request(rqkey_t *key, s32 error, u32 slot) {
     struct req_t *r = reqs.lookup(key);
     if (!r || !r->issue_ns) return;
-    u32 zero = 0;
-    struct batch_t *b = pending.lookup(&zero);
+    struct batch_t *b = pending.lookup(&slot);
     if (!b) return;
     u32 i = b->n;
     if (i >= BATCH) return;
@@ -185,13 +185,25 @@ RAW_TRACEPOINT_PROBE(block_rq_issue) {
     return 0;
 }
 
-RAW_TRACEPOINT_PROBE(block_rq_complete) {
+static inline int on_complete(struct bpf_raw_tracepoint_args *ctx, u32 slot) {
     void *rq = (void *)ctx->args[0];
     if ((u32)ctx->args[2] < read_u32(rq, REQUEST___DATA_LEN))
         return 0;   /* partial completion: more to come */
     rqkey_t key = ctx->args[0];
-    complete_request(&key, -(s32)(u8)ctx->args[1]);   /* blk_status_t, mapped in userspace */
+    complete_request(&key, -(s32)(u8)ctx->args[1], slot);   /* blk_status_t, mapped later */
     return 0;
+}
+
+/* The kernel skips a raw-tracepoint program that is already running on this CPU, so a
+ * completion interrupting another would be lost. Two identical programs on block_rq_complete
+ * (the twin is attached from userspace) each take a request still in `reqs`: the nested call
+ * runs the one not busy, and in a plain call the second finds the request already gone. */
+RAW_TRACEPOINT_PROBE(block_rq_complete) {
+    return on_complete(ctx, 0);
+}
+
+int block_rq_complete_twin(struct bpf_raw_tracepoint_args *ctx) {
+    return on_complete(ctx, 1);
 }
 #else
 TRACEPOINT_PROBE(block, START_TRACEPOINT) {
@@ -222,7 +234,7 @@ TRACEPOINT_PROBE(block, block_rq_issue) {
 
 TRACEPOINT_PROBE(block, block_rq_complete) {
     rqkey_t key = {.dev = args->dev, .sector = args->sector};
-    complete_request(&key, args->error);   /* already a negative errno */
+    complete_request(&key, args->error, 0);   /* already a negative errno */
     return 0;
 }
 #endif
