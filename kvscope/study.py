@@ -29,6 +29,7 @@ class StudyOptions:
     prompt_tokens: int = 1024
     port: int = 8000
     models_dir: Path | None = None
+    kv_dir_base: Path | None = None  # each profile's chunks go to <base>/kv-<profile>
     command: list[str] = field(default_factory=list)
 
 
@@ -38,7 +39,9 @@ def run_study(opts: StudyOptions) -> dict[str, Path]:
 
     runs = {}
     for profile in opts.profiles:
-        extra = {"models_dir": opts.models_dir} if opts.models_dir else {}
+        extra: dict = {"models_dir": opts.models_dir} if opts.models_dir else {}
+        if opts.kv_dir_base:
+            extra["kv_dir"] = opts.kv_dir_base / f"kv-{profile}"
         run = execute(RunOptions(
             out=opts.out / profile, model=opts.model, profile=profile, requests=opts.requests,
             concurrency=opts.concurrency, prompt_tokens=opts.prompt_tokens, port=opts.port,

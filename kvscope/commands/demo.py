@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=_levels, default=d.concurrency)
     p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
     p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--kv-dir-base", type=Path,
+                   help="put each profile's chunk files under this directory (the disk to measure)")
     p.set_defaults(func=run)
 
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     opts = study.StudyOptions(
         out=out, model=args.model, profiles=[p for p in args.profiles.split(",") if p],
         requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
-        port=args.port, command=sys.argv)
+        port=args.port, kv_dir_base=args.kv_dir_base, command=sys.argv)
     try:
         runs = study.run_study(opts)
     except (ValueError, HostError, ServerError, FileExistsError) as e:
