@@ -59,6 +59,6 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + "\n".join(study.verdict(table)))
     print(f"\nreport:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
-    print("jaeger:    open the spans in Jaeger's UI (Search > Upload: RUN/spans/*.json), or run "
-          "with OTEL_EXPORTER_OTLP_ENDPOINT=http://<jaeger>:4317 set; see docs/tracing.md")
+    print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "
+          "or set OTEL_EXPORTER_OTLP_ENDPOINT=http://<jaeger>:4317 before the run (docs/tracing.md)")
     return 0
