@@ -99,25 +99,36 @@ class BlockProbe:
         return self
 
     def stop(self) -> None:
-        """Detach every program, keeping what was recorded for result()."""
+        """Detach every program, then drain what they recorded (kept for result())."""
         if self._bpf is None:
             return
         bpf, self._bpf = self._bpf, None
         try:
-            batches = [self._collector.stop()["events"], _pending_batches(bpf[b"pending"])]
-            self._records = np.concatenate([_unbatch(b) for b in batches])
-            bad = self._collector.bad_sizes["events"]
-            self._open = [(int(r.dev), int(r.issue_ns)) for r in bpf[b"reqs"].values() if r.issue_ns]
-            self._hists = {kind: _histogram(bpf[kind.encode()]) for kind in ("queue_us", "service_us")}
-            lost = bpf[b"lost"]
-            self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
-            self._lost["bad_record_size"] = bad
-            self._lost.update(recursion_misses(bpf))
+            self._detach(bpf)
+            self._drain(bpf)
         finally:
-            if self._twin_fd >= 0:
-                os.close(self._twin_fd)
-                self._twin_fd = -1
             bpf.cleanup()
+
+    def _detach(self, bpf: Any) -> None:
+        """Stop the programs from firing, keeping them and their maps, so no record can land
+        after the final drain (a batch flushed then would be lost)."""
+        if self._twin_fd >= 0:
+            os.close(self._twin_fd)
+            self._twin_fd = -1
+        for tp in list(bpf.raw_tracepoint_fds):
+            bpf.detach_raw_tracepoint(tp)
+        for tp in list(bpf.tracepoint_fds):
+            bpf.detach_tracepoint(tp)
+
+    def _drain(self, bpf: Any) -> None:
+        batches = [self._collector.stop()["events"], _pending_batches(bpf[b"pending"])]
+        self._records = np.concatenate([_unbatch(b) for b in batches])
+        self._open = [(int(r.dev), int(r.issue_ns)) for r in bpf[b"reqs"].values() if r.issue_ns]
+        self._hists = {kind: _histogram(bpf[kind.encode()]) for kind in ("queue_us", "service_us")}
+        lost = bpf[b"lost"]
+        self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
+        self._lost["bad_record_size"] = self._collector.bad_sizes["events"]
+        self._lost.update(recursion_misses(bpf))
 
     def program_ids(self) -> list[int]:
         """Kernel ids of the loaded programs (`bpftool prog show id N`), to check detaching."""
