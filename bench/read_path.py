@@ -39,7 +39,7 @@ SETS = {
     "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),
     "small": ChunkSet("small", layers=24, kv_heads=2, head_dim=64, count=256),
 }
-SWEEP = [("1MiB", 8), ("1MiB", 64), ("4MiB", 8), ("4MiB", 32), ("16MiB", 8)]
+SWEEP = [("1MiB", 32), ("1MiB", 64), ("4MiB", 8), ("4MiB", 16), ("8MiB", 16)]
 PLUGIN = {
     "storage_plugin.kvscope.module_path": "patched_backend.parallel_disk.backend",
     "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
@@ -56,7 +56,7 @@ def _parse(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=1,
                         help="concurrent requests splitting the chunk set (default 1)")
-    parser.add_argument("--read-unit", default="1MiB")
+    parser.add_argument("--read-unit", default="4MiB")
     parser.add_argument("--queue-depth", type=int, default=32)
     parser.add_argument("--max-inflight", default="128MiB")
     parser.add_argument("--sweep", action="store_true", help="add kvscope knob variants")

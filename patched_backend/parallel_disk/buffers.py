@@ -8,9 +8,13 @@ allocator), the read goes to an aligned anonymous mapping and is copied after ve
 """
 
 # Standard
-from typing import Optional
+from typing import Any, Optional
 import ctypes
 import mmap
+import os
+
+# Third Party
+import torch
 
 # First Party
 from patched_backend.parallel_disk.chunkfile import ALIGN, padded
@@ -38,3 +42,39 @@ def staging_buffer(payload_len: int) -> memoryview:
     mm = mmap.mmap(-1, padded(payload_len), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mm.madvise(mmap.MADV_HUGEPAGE)
     return memoryview(mm)
+
+
+_MADV_HUGEPAGE = 14
+_MADV_COLLAPSE = 25  # Linux 6.1+
+HUGE_PAGE = 2 << 20
+
+
+def pool_region(allocator_backend: Any) -> Optional[tuple[int, int]]:
+    """(address, bytes) of LMCache's CPU memory pool, None when it is not a plain CPU buffer."""
+    buffer = getattr(getattr(allocator_backend, "memory_allocator", None), "buffer", None)
+    if not isinstance(buffer, torch.Tensor) or buffer.device.type != "cpu":
+        return None
+    return buffer.data_ptr(), buffer.numel() * buffer.element_size()
+
+
+def collapse_to_huge_pages(address: int, nbytes: int) -> tuple[int, str]:
+    """Back ``[address, address + nbytes)`` with transparent huge pages; (bytes, error or "").
+
+    Why: LMCache's pool is ordinary 4 KiB-page memory (torch.empty, touched at start-up). An
+    O_DIRECT request into it is cut at the device's segment limit (virtio here: 254 segments,
+    ~1 MiB); into 2 MiB pages it can carry 4 MiB, which the device serves faster. The memory
+    and its contents stay the same; ``MADV_COLLAPSE`` copies the pages into huge pages now
+    (ranges under I/O at that moment are skipped by the kernel, not damaged). Without it
+    (kernel < 6.1) ``MADV_HUGEPAGE`` lets khugepaged do it later.
+    """
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
+    if end <= start:
+        return 0, "smaller than one huge page"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.madvise(start, end - start, _MADV_HUGEPAGE) != 0:
+        return 0, f"MADV_HUGEPAGE: {os.strerror(ctypes.get_errno())}"
+    if libc.madvise(start, end - start, _MADV_COLLAPSE) != 0:
+        return end - start, f"MADV_COLLAPSE: {os.strerror(ctypes.get_errno())} (khugepaged later)"
+    return end - start, ""

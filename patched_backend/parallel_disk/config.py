@@ -18,7 +18,7 @@ MODES = ("parallel", "serial")
 DELAY_ENV = "KVSCOPE_READ_DELAY_MS"
 
 # Defaults chosen from bench/read_path.py on the project's virtio disk (docs/backend.md).
-DEFAULT_READ_UNIT = 1 << 20
+DEFAULT_READ_UNIT = 4 << 20
 DEFAULT_QUEUE_DEPTH = 32
 DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
 
@@ -73,6 +73,7 @@ class DiskConfig:
     odirect: bool = True
     read_delay_ms: float = 0.0
     write_threads: int = 1
+    hugepages: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -154,4 +155,5 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         odirect=_parse_bool(PREFIX + "odirect", extra.get(PREFIX + "odirect", True)),
         read_delay_ms=number("read_delay_ms", float(os.environ.get(DELAY_ENV, 0.0)), float),
         write_threads=number("write_threads", 1, int),
+        hugepages=_parse_bool(PREFIX + "hugepages", extra.get(PREFIX + "hugepages", True)),
     )
