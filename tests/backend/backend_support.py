@@ -32,7 +32,10 @@ def lmcache_config(path: str, **knobs: Any) -> Any:
     extra = {
         "storage_plugin.kvscope.module_path": "patched_backend.parallel_disk.backend",
         "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
-        "kvscope.path": path, "kvscope.capacity": "1GiB", **knobs,
+        "kvscope.path": path, "kvscope.capacity": "1GiB",
+        # Collapsing each harness's pool costs ~1 s of CPU; test_backend_hugepages.py and the
+        # live tests cover it.
+        "kvscope.hugepages": False, **knobs,
     }
     return LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=0.5,

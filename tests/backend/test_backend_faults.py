@@ -53,11 +53,11 @@ def test_kill_9_mid_write_leaves_only_complete_chunks(harness, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=HERE,
     )
     try:
-        for line in child.stdout:
-            if line.strip() == "queued 39":
+        for line in child.stdout:  # kill once 40 are queued and at least one is on disk
+            if int(line.split()[1]) >= 39 and any(n.endswith(SUFFIX) for n in os.listdir(kv)):
                 break
         else:
-            pytest.fail("writer child exited before queueing 40 chunks")
+            pytest.fail("writer child exited before queueing 40 chunks and writing one")
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
