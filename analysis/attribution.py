@@ -6,8 +6,12 @@ highest-priority component whose span is open then (DEFAULT_PRIORITY, peers §3.
 when none is. The components therefore sum to TTFT exactly. Time a lower-priority span was
 open under a higher one is `hidden_<component>_ns` (overlap, not lost). Storage-read time is
 split the same way by the request's joined block I/O: device service (issue -> complete) over
-device queue (submit -> issue) over software (everything else in the read). docs/analysis.md
-describes every output column.
+device queue (submit -> issue) over software (everything else in the read).
+
+Batch-aware: time no span of the request's own covers, while the same vLLM worker process ran
+other requests' reads, copies or prefill (analysis.batch), goes to those components as well,
+and the `batch_<component>_ns` columns say how much of each component that is.
+docs/analysis.md describes the method and every output column.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import blockjoin, diagnostics, sweep
+from analysis import batch, blockjoin, diagnostics, sweep
 from analysis.run import Run
 from tracer import semconv
 
@@ -27,45 +31,59 @@ SPAN_COMPONENT = {
     semconv.SPAN_STORAGE_READ: "storage_read", semconv.SPAN_KV_TRANSFER: "transfer",
     semconv.SPAN_PREFILL: "prefill",
 }
-LABELS = ("window", *DEFAULT_PRIORITY[::-1], "device_queue", "device_service")
+WAIT_COMPONENTS = ("storage_read", "transfer", "prefill")  # what waiting on the batch can be
+BATCH_PARTS = ("batch_storage_read", "batch_transfer", "batch_prefill", "batch_other")
+LABELS = ("window", *DEFAULT_PRIORITY[::-1], "device_queue", "device_service", "own_busy",
+          "may_wait")
 CODE = {name: i for i, name in enumerate(LABELS)}
 ID_COLUMNS = ("request_id", "phase", "concurrency", "prompt_index")
 NS_COLUMNS = (
     "ttft_ns", *(f"{c}_ns" for c in COMPONENTS), *(f"{c}_ns" for c in STORAGE_PARTS),
-    *(f"hidden_{c}_ns" for c in DEFAULT_PRIORITY[::-1]),
+    *(f"hidden_{c}_ns" for c in DEFAULT_PRIORITY[::-1]), *(f"{c}_ns" for c in BATCH_PARTS),
 )
 COLUMNS = (*ID_COLUMNS, *NS_COLUMNS, "read_bytes", "block_io_count", "partial", "diagnostics")
 DEFAULT_SKEW_TOLERANCE_NS = 1_000_000
 
 
 def attribute(run: Run, *, priority: tuple[str, ...] = DEFAULT_PRIORITY,
-              skew_tolerance_ns: int = DEFAULT_SKEW_TOLERANCE_NS) -> pd.DataFrame:
+              skew_tolerance_ns: int = DEFAULT_SKEW_TOLERANCE_NS,
+              batch_from: str = "arrival") -> pd.DataFrame:
     """One row per request of `run` (COLUMNS); failed requests have <NA> times.
 
     Args:
         priority: the five span components, highest first; the rest of the window is `other`.
         skew_tolerance_ns: how far a span may reach outside its request's window before the
             request is flagged as having skewed clocks (the excess is clipped either way).
+        batch_from: "arrival" (default) or "scheduled": from when uncovered time may be spent
+            waiting on other requests of the same worker (after the queue span ends, if
+            "scheduled"); docs/analysis.md says why arrival is the default.
     """
     if sorted(priority) != sorted(DEFAULT_PRIORITY):
         raise ValueError(f"priority must order exactly {sorted(DEFAULT_PRIORITY)}, got {priority}")
+    if batch_from not in batch.BATCH_FROM:
+        raise ValueError(f"batch_from must be one of {batch.BATCH_FROM}, got {batch_from!r}")
     requests = run.requests.reset_index(drop=True)
     n = len(requests)
     key_of = _key_of(requests)
     spans = _labelled_spans(run.spans, key_of)
+    worker = batch.worker_spans(run.spans, key_of, n)
     reads = spans[spans["label"] == CODE["storage_read"]]
     windows = blockjoin.reader_windows(reads)
     io = blockjoin.join(windows, run.block_io)
     arrival = requests["arrival_ns"].to_numpy(np.int64)
     first = requests["first_token_ns"].to_numpy(np.int64)
-    intervals = _intervals(n, arrival, first, spans, io)
+    queue_end = None if batch_from == "arrival" else _queue_end(spans, n)
+    own_busy, may_wait = batch.own_intervals(worker, arrival, queue_end)
+    intervals = _intervals(n, arrival, first, spans, io, own_busy, may_wait)
     outside = _outside(spans, arrival, first, n)
     starts = np.maximum(intervals["start"], arrival[intervals["key"]])
     ends = np.minimum(intervals["end"], first[intervals["key"]])
     segs = sweep.segments(intervals["key"], starts, ends, intervals["label"], len(LABELS))
     out = _components(segs, n, priority)
+    _add_batch(out, segs, batch.profile(worker, io, priority), worker.proc_of, n)
     frame = _frame(requests, out, spans, io)
-    facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, run.request_notes)
+    facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, run.request_notes,
+                              worker.unidentified)
     frame["partial"], frame["diagnostics"] = diagnostics.describe(facts, skew_tolerance_ns,
                                                                   not run.block_io.empty)
     return frame
@@ -87,9 +105,22 @@ def _labelled_spans(spans: pd.DataFrame, key_of: pd.Series) -> pd.DataFrame:
     return kept.reset_index(drop=True)
 
 
+def _queue_end(spans: pd.DataFrame, n: int) -> np.ndarray:
+    """Per request, the end of its last queue span (int64 max when it has none)."""
+    queue = spans[spans["label"] == CODE["queueing"]]
+    end = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    has = np.zeros(n, dtype=bool)
+    has[queue["key"].to_numpy()] = True
+    end[has] = np.iinfo(np.int64).min
+    np.maximum.at(end, queue["key"].to_numpy(), queue["end_ns"].to_numpy())
+    return end
+
+
 def _intervals(n: int, arrival: np.ndarray, first: np.ndarray, spans: pd.DataFrame,
-               io: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Every labelled interval as flat arrays: windows, component spans, device queue/service."""
+               io: pd.DataFrame, own_busy: tuple[np.ndarray, ...],
+               may_wait: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+    """Every labelled interval as flat arrays: windows, component spans, device queue/service,
+    own kv.load/kv.store, and the stretch in which the request may wait on its batch."""
     parts = [
         (np.arange(n), arrival, first, CODE["window"]),
         (spans["key"].to_numpy(), spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(),
@@ -98,6 +129,8 @@ def _intervals(n: int, arrival: np.ndarray, first: np.ndarray, spans: pd.DataFra
          CODE["device_queue"]),
         (io["key"].to_numpy(), io["issue_ns"].to_numpy(), io["complete_ns"].to_numpy(),
          CODE["device_service"]),
+        (*own_busy, CODE["own_busy"]),
+        (*may_wait, CODE["may_wait"]),
     ]
     key = np.concatenate([p[0] for p in parts]).astype(np.int64)
     label = np.concatenate([np.broadcast_to(p[3], len(p[0])) for p in parts]).astype(np.int64)
@@ -138,6 +171,26 @@ def _components(segs: sweep.Segments, n: int, priority: tuple[str, ...]) -> dict
     out["storage_software"] = (out["storage_read"] - out["storage_device_service"]
                                - out["storage_device_queue"])
     return out
+
+
+def _add_batch(out: dict[str, np.ndarray], segs: sweep.Segments, prof: batch.Profile,
+               proc_of: np.ndarray, n: int) -> None:
+    """Move the `other` time spent waiting on the same worker's other requests into their
+    components (in place); `batch_<component>` records how much moved."""
+    inside = segs.active[:, CODE["window"]]
+    own = segs.active[:, [CODE[c] for c in DEFAULT_PRIORITY] + [CODE["own_busy"]]].any(axis=1)
+    gap = inside & ~own & segs.active[:, CODE["may_wait"]]
+    ran = batch.waiting(prof, segs.key[gap], segs.start[gap], segs.length[gap], proc_of, n)
+    out["batch_storage_read"] = (ran["storage_device_service"] + ran["storage_device_queue"]
+                                 + ran["storage_software"])
+    for name in ("storage_device_service", "storage_device_queue", "storage_software"):
+        out[name] = out[name] + ran[name]
+    for name in ("transfer", "prefill"):
+        out[f"batch_{name}"] = ran[name]
+    for name in WAIT_COMPONENTS:
+        out[name] = out[name] + out[f"batch_{name}"]
+        out["other"] = out["other"] - out[f"batch_{name}"]
+    out["batch_other"] = ran["busy"]
 
 
 def _frame(requests: pd.DataFrame, out: dict[str, np.ndarray], spans: pd.DataFrame,

@@ -27,6 +27,7 @@ class Facts:
     io: pd.DataFrame  # joined block I/O (blockjoin.join)
     outside_ns: np.ndarray  # per request, farthest reach of a span outside the window
     notes: dict[str, list[str]]  # request_id -> problems found while loading
+    no_process: np.ndarray  # per request: worker spans, none with a process.pid (analysis.batch)
 
 
 def succeeded(requests: pd.DataFrame) -> np.ndarray:
@@ -99,6 +100,9 @@ def _remarks(facts: Facts, n: int, ok: np.ndarray, untied: np.ndarray,
         (ok & (ambiguous > 0), pd.Series(ambiguous).map(
             "{} block I/Os fell in overlapping reads of one thread; each went to the later "
             "read".format)),
+        (ok & facts.no_process,
+         "its worker spans carry no process.pid resource attribute: time spent waiting on "
+         "other requests of the same worker cannot be told apart and stays in `other`"),
     ]
 
 

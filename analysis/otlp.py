@@ -20,8 +20,9 @@ from tracer import semconv
 
 SPAN_COLUMNS = (
     "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "request_id",
-    "attributes",
+    "attributes", "service", "pid",
 )
+NO_PID = -1  # `pid` of a span whose resource carries no process.pid
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
@@ -48,6 +49,8 @@ def read_span_files(files: list[Path], offset_ns: int) -> tuple[pd.DataFrame, li
 def _rows(message: trace_service_pb2.ExportTraceServiceRequest, offset_ns: int) -> list[tuple]:
     rows = []
     for resource_spans in message.resource_spans:
+        resource = {a.key: any_value(a.value) for a in resource_spans.resource.attributes}
+        process = (str(resource.get("service.name", "")), _pid(resource.get("process.pid")))
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 attributes = {a.key: any_value(a.value) for a in span.attributes}
@@ -56,14 +59,23 @@ def _rows(message: trace_service_pb2.ExportTraceServiceRequest, offset_ns: int) 
                     _hex_id(span.trace_id, 32), _hex_id(span.span_id, 16),
                     _hex_id(span.parent_span_id, 16), span.name,
                     span.start_time_unix_nano - offset_ns, span.end_time_unix_nano - offset_ns,
-                    None if request_id is None else str(request_id), attributes,
+                    None if request_id is None else str(request_id), attributes, *process,
                 ))
     return rows
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(rows, columns=list(SPAN_COLUMNS))
-    return frame.astype({"start_ns": "int64", "end_ns": "int64"})
+    return frame.astype({"start_ns": "int64", "end_ns": "int64", "service": "str",
+                         "pid": "int64"})
+
+
+def _pid(value: Any) -> int:
+    """The resource's process.pid as an int (the emitting process), NO_PID when absent."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return NO_PID
 
 
 def _hex_id(raw: bytes, hex_len: int) -> str:

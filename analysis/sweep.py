@@ -16,9 +16,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Segments:
-    """Elementary segments: owning key, length (ns) and the active labels as a bool matrix."""
+    """Elementary segments: owning key, start and length (ns), the active labels (bool matrix).
+
+    A key's segments are sorted by start and tile its span from first to last event.
+    """
 
     key: np.ndarray  # int64, per segment
+    start: np.ndarray  # int64 ns, per segment
     length: np.ndarray  # int64 ns, per segment
     active: np.ndarray  # bool, segments x labels
 
@@ -45,7 +49,7 @@ def segments(key: np.ndarray, start: np.ndarray, end: np.ndarray, label: np.ndar
         same = ev_key[1:] == ev_key[:-1]
         length[:-1] = np.where(same, ev_time[1:] - ev_time[:-1], 0)
     positive = length > 0
-    return Segments(ev_key[positive], length[positive], active[positive])
+    return Segments(ev_key[positive], ev_time[positive], length[positive], active[positive])
 
 
 def per_key_sum(seg_key: np.ndarray, length: np.ndarray, mask: np.ndarray, n_keys: int) -> np.ndarray:

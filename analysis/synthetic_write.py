@@ -20,6 +20,7 @@ from tracer import semconv
 
 OFFSET_NS = 1_700_000_000 * 10**9 - 50_000 * 10**9  # epoch = monotonic + this
 KV_BYTES_PER_TOKEN = 262_144  # Qwen2.5-32B, bf16
+LANE_PID = 20_000  # lane k's spans come from process LANE_PID + k (lanes never share a worker)
 
 
 def write(path: Path, plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame, *,
@@ -108,6 +109,7 @@ def _spans(plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame) -> pd.Data
     spans = pd.concat(frames, ignore_index=True)
     spans["request_id"] = plan["request_id"].to_numpy()[spans["key"].to_numpy()]
     spans["phase"] = plan["phase"].to_numpy()[spans["key"].to_numpy()]
+    spans["lane"] = plan["lane"].to_numpy()[spans["key"].to_numpy()]
     return spans.sort_values(["key", "no"], kind="stable").reset_index(drop=True)
 
 
@@ -142,13 +144,21 @@ def _write_spans(path: Path, spans: pd.DataFrame, per_file: int) -> None:
             + '","name":"' + spans["name"].astype(object) + '","kind":1,"startTimeUnixNano":"'
             + epoch("start") + '","endTimeUnixNano":"' + epoch("end") + '","attributes":['
             + _attributes(spans) + "]}")
-    resource = json.dumps({"attributes": [{"key": "service.name",
-                                           "value": {"stringValue": "kvscope-synthetic"}}]})
+    lanes = spans["lane"].to_numpy()
     for number, first in enumerate(range(0, max(len(body), 1), per_file)):
-        chunk = ",".join(body.iloc[first:first + per_file])
+        chunk, lane = body.iloc[first:first + per_file], lanes[first:first + per_file]
+        resources = ",".join(_resource_spans(chunk[lane == k], k) for k in np.unique(lane))
         (path / rundir.SPANS_DIR / f"synthetic-{number:04d}.json").write_text(
-            f'{{"resourceSpans":[{{"resource":{resource},"scopeSpans":[{{"scope":'
-            f'{{"name":"kvscope.synthetic"}},"spans":[{chunk}]}}]}}]}}')
+            f'{{"resourceSpans":[{resources}]}}')
+
+
+def _resource_spans(body: pd.Series, lane: int) -> str:
+    """One resourceSpans: each lane is its own vLLM process (service.name + process.pid)."""
+    resource = json.dumps({"attributes": [
+        {"key": "service.name", "value": {"stringValue": "kvscope-synthetic"}},
+        {"key": "process.pid", "value": {"intValue": str(LANE_PID + int(lane))}}]})
+    return (f'{{"resource":{resource},"scopeSpans":[{{"scope":{{"name":"kvscope.synthetic"}},'
+            f'"spans":[{",".join(body)}]}}]}}')
 
 
 def _block_table(plan: pd.DataFrame, io: pd.DataFrame, seed: int) -> pd.DataFrame:

@@ -55,10 +55,12 @@ def test_synthetic_run_is_schema_valid_and_ttft_matches_the_requests_table(synth
 def test_loaded_spans_are_on_the_monotonic_clock_with_request_ids(synthetic_run):
     run = analysis.load_run(synthetic_run)
     assert list(run.spans.columns) == ["trace_id", "span_id", "parent_span_id", "name", "start_ns",
-                                       "end_ns", "request_id", "attributes"]
+                                       "end_ns", "request_id", "attributes", "service", "pid"]
     first = run.requests.set_index("request_id")["arrival_ns"]
     root = run.spans[run.spans["name"] == "kvscope.client.request"].set_index("request_id")
     assert (root["start_ns"] == first[root.index]).all()
     assert run.spans["trace_id"].str.fullmatch("[0-9a-f]{32}").all()
     assert run.spans["span_id"].str.fullmatch("[0-9a-f]{16}").all()
     assert len(run.nvme_io) == len(run.block_io) > 0
+    lanes = run.spans.groupby("pid")["request_id"].nunique()  # one vLLM process per lane
+    assert set(run.spans["service"]) == {"kvscope-synthetic"} and len(lanes) == 4
