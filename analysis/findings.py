@@ -19,7 +19,7 @@ def find(run: Run, attribution: pd.DataFrame, summary: dict[str, Any]) -> list[F
     """Every finding for the run, most severe first."""
     found: list[Finding] = []
     for rule in (_input_problems, _partial_rows, _unmatched_spans, _cache_misses, _vllm_queue,
-                 _storage_bound):
+                 _batch_wait, _storage_bound):
         found += rule(run, attribution, summary)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f["severity"]])
@@ -79,6 +79,27 @@ def _vllm_queue(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Find
                      f"{g['share_of_ttft']['queueing']:.0%} of TTFT is waiting in vLLM's queue "
                      "(arrival to first scheduled); more concurrency than the server admits")
             for g in summary["groups"] if (g["share_of_ttft"]["queueing"] or 0) > SHARE_NOTABLE]
+
+
+def _batch_wait(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    """Groups whose TTFT is mostly waiting on the same worker's other requests (one step)."""
+    out = []
+    for g in summary["groups"]:
+        share = g["share_of_ttft"]
+        waited = {c: share[f"batch_{c}"] or 0 for c in ("storage_read", "transfer", "prefill")}
+        total = sum(waited.values())
+        if total <= SHARE_NOTABLE:
+            continue
+        own_read = (share["storage_read"] or 0) - waited["storage_read"]
+        out.append(_finding("batch-wait", "warning", f"{g['phase']} (conc {g['concurrency']}): "
+                            f"{total:.0%} of TTFT is waiting while the same vLLM worker reads "
+                            f"({waited['storage_read']:.0%}), copies ({waited['transfer']:.0%}) "
+                            f"and prefills ({waited['prefill']:.0%}) other requests "
+                            f"(its own reads: {own_read:.0%}): head-of-line blocking in the "
+                            "step, whose KV load serves the batch's requests before one forward, "
+                            "so each waits for the whole batch's load; loading the batch faster "
+                            "(or each request's KV as soon as it is read) is the fix"))
+    return out
 
 
 def _ceiling_share(run: Run, summary: dict, phase: str) -> tuple[float, float] | None:

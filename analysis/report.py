@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.attribution import COMPONENTS, STORAGE_PARTS
+from analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
 
 
 def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Path:
@@ -39,7 +39,7 @@ def _counts(summary: dict[str, Any]) -> str:
 
 
 def _group_table(summary: dict[str, Any]) -> list[str]:
-    parts = ("ttft", *COMPONENTS, *STORAGE_PARTS)
+    parts = ("ttft", *COMPONENTS, *STORAGE_PARTS, *BATCH_PARTS)
     lines = ["| phase | conc | n | " + " | ".join(f"{p} p50 (ms)" for p in parts) + " |",
              "|---|---|---|" + "---|" * len(parts)]
     for g in summary["groups"]:

@@ -10,11 +10,11 @@ from typing import Any
 import pandas as pd
 
 from analysis import device, findings
-from analysis.attribution import COMPONENTS, STORAGE_PARTS
+from analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
 from analysis.run import Run
 
-ANALYSIS_VERSION = "1"
-SUMMARY_COMPONENTS = ("ttft", *COMPONENTS, *STORAGE_PARTS)
+ANALYSIS_VERSION = "2"  # 2: batch-aware (waiting on the same worker's other requests)
+SUMMARY_COMPONENTS = ("ttft", *COMPONENTS, *STORAGE_PARTS, *BATCH_PARTS)
 QUANTILES = (50, 90, 99)
 
 
@@ -34,7 +34,8 @@ def _groups(attribution: pd.DataFrame) -> list[dict[str, Any]]:
     out = []
     for (phase, concurrency), group in complete.groupby(["phase", "concurrency"], sort=False):
         total = float(group["ttft_ns"].sum())
-        share = {c: float(group[f"{c}_ns"].sum()) / total if total else None for c in COMPONENTS}
+        share = {c: float(group[f"{c}_ns"].sum()) / total if total else None
+                 for c in (*COMPONENTS, *BATCH_PARTS)}
         out.append({"phase": str(phase), "concurrency": int(concurrency), "requests": len(group),
                     "percentiles_ns": percentiles(group), "share_of_ttft": share})
     return out

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute, load_run
+from analysis import COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute, load_run, summarize
 from analysis.attribution import BATCH_PARTS, SPAN_COMPONENT
 from analysis_testkit import memory_run
 
@@ -199,3 +199,16 @@ def test_recorded_live_step_of_sixteen_requests_loaded_one_after_another():
     share = got["other_ns"].astype("float64") / got["ttft_ns"].astype("float64")
     assert share.median() < 0.10  # it was 0.87 before the batch was counted
 
+
+
+def test_summary_reports_batch_parts_and_a_head_of_line_finding():
+    run = load_run(LIVE)
+    summary = summarize(run, attribute(run))
+    group = summary["groups"][0]
+    assert set(BATCH_PARTS) <= set(group["percentiles_ns"]) and group["share_of_ttft"]["other"] < 0.1
+    found = [f for f in summary["findings"] if f["id"] == "batch-wait"]
+    assert len(found) == 1 and "cold-c16 (conc 16)" in found[0]["message"]
+    alone = memory_run([{"request_id": "r", "arrival_ns": 0, "first_token_ns": 100,
+                        "cached_tokens": 256}],
+                       [_span("r", "storage_read", 0, 90), _span("r", "prefill", 90, 100)])
+    assert not [f for f in summarize(alone, attribute(alone))["findings"] if f["id"] == "batch-wait"]

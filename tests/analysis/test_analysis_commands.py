@@ -35,7 +35,7 @@ def test_analyze_writes_attribution_summary_report_and_plots(synthetic_run, tmp_
     assert (run / "report.md").read_text().count("plots/") == 3
     assert all((run / "plots" / f"{n}.png").stat().st_size > 1000
                for n in ("breakdown", "ttft_cdf", "queue_depth"))
-    assert json.loads((run / "manifest.json").read_text())["analysis"] == {"version": "1"}
+    assert json.loads((run / "manifest.json").read_text())["analysis"] == {"version": "2"}
     assert "cold (conc 4" in capsys.readouterr().out
 
 
