@@ -201,7 +201,7 @@ class ParallelDiskBackend(StoragePluginInterface):
 def _huge_pool(allocator_backend: Any) -> None:
     """Move LMCache's CPU pool to huge pages (buffers.collapse_to_huge_pages says why).
 
-    In a thread: collapsing takes ~2 s per GB on the project VM, start-up need not wait.
+    In a thread: collapsing takes ~2-3 s per GB on the project VM; start-up need not wait.
     """
     region = pool_region(allocator_backend)
     if region is None:
