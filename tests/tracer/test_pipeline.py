@@ -92,9 +92,11 @@ def test_slow_endpoint_drops_what_does_not_fit_and_counts_it(slow_otlp_receiver)
     assert time.monotonic() - started < 1.5, "ending spans never waits for the collector"
     counters = rt.pipeline.counters
     assert counters.spans_dropped > 0
-    assert wait_until(lambda: counters.spans_exported.get("otlp", 0)
-                      + counters.spans_dropped + counters.failed_spans == 200, 30)
-    assert 0 < len(receiver.spans()) == counters.spans_exported["otlp"]
+    rt.pipeline.shutdown()  # waits for what is queued; on a loaded machine exports may time out
+    assert counters.spans_exported.get("otlp", 0) + counters.spans_dropped \
+        + counters.failed_spans == 200
+    # An export that timed out on our side may still have reached the receiver.
+    assert 0 < counters.spans_exported["otlp"] <= len(receiver.spans())
 
 
 class _Raising(SpanExporter):
