@@ -45,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="tokens every prompt shares at its start (default: unique prompts)")
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     p.add_argument("--phases", default="warm,cold", help="warm and/or cold, in order")
+    p.add_argument("--warm-concurrency", type=int, default=defaults.warm_concurrency,
+                   help="requests in flight while warming (1: every prompt stored whole)")
     p.add_argument("--kv-dir", type=Path, help="where LMCache keeps chunks (default /var/tmp/kvscope)")
     p.add_argument("--keep-kv", action="store_true", help="keep the chunk files after the run")
     p.add_argument("--host", default=defaults.host)
@@ -68,7 +70,8 @@ def options_from_args(args: argparse.Namespace):
         model=args.model, models_dir=args.models_dir, profile=args.profile,
         requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
         shared_prefix_tokens=args.shared_prefix_tokens, max_tokens=args.max_tokens,
-        phases=[p for p in args.phases.split(",") if p], kv_dir=args.kv_dir,
+        phases=[p for p in args.phases.split(",") if p], warm_concurrency=args.warm_concurrency,
+        kv_dir=args.kv_dir,
         keep_kv=args.keep_kv, host=args.host, port=args.port, seed=args.seed,
         kv_cache_gib=args.kv_cache_gib, probes=args.probes, tracing=args.tracing,
         command=sys.argv,

@@ -48,6 +48,7 @@ class RunOptions:
     shared_prefix_tokens: int = 0
     max_tokens: int = 4
     phases: list[str] = field(default_factory=lambda: ["warm", "cold"])
+    warm_concurrency: int = 1
     kv_dir: Path | None = None
     keep_kv: bool = False
     host: str = "127.0.0.1"
@@ -67,17 +68,21 @@ class Phase:
     concurrency: int
 
 
-def plan_phases(kinds: list[str], levels: list[int]) -> list[Phase]:
-    """warm runs once at the highest concurrency; cold runs once per concurrency level."""
+def plan_phases(kinds: list[str], levels: list[int], warm_concurrency: int = 1) -> list[Phase]:
+    """warm runs once (at warm_concurrency); cold runs once per concurrency level.
+
+    Warming one prompt at a time keeps each prefill in one engine step: when vLLM splits a
+    prompt across steps, LMCache stores only the chunks of its first step.
+    """
     unknown = [k for k in kinds if k not in ("warm", "cold")]
     if unknown or not kinds:
         raise ValueError(f"phases must be warm and/or cold, got {kinds}")
-    if not levels or min(levels) < 1:
+    if not levels or min(levels) < 1 or warm_concurrency < 1:
         raise ValueError(f"concurrency levels must be >= 1, got {levels}")
     plan = []
     for kind in kinds:
         if kind == "warm":
-            plan.append(Phase("warm", "warm", max(levels)))
+            plan.append(Phase("warm", "warm", warm_concurrency))
         else:
             plan += [Phase("cold" if len(levels) == 1 else f"cold-c{c}", "cold", c) for c in levels]
     return plan
@@ -87,7 +92,7 @@ def validate(opts: RunOptions) -> tuple[twins.TwinSpec, profiles.Profile, list[P
     """Check every input before anything starts; raise with what to change."""
     spec = twins.get(opts.model)
     profile = profiles.get(opts.profile)
-    phases = plan_phases(opts.phases, opts.concurrency)
+    phases = plan_phases(opts.phases, opts.concurrency, opts.warm_concurrency)
     context = opts.prompt_tokens + opts.max_tokens
     if context > spec.max_position_embeddings:
         raise ValueError(
@@ -130,7 +135,7 @@ def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
             "num_requests": opts.requests, "concurrency": opts.concurrency,
             "prompt_tokens": opts.prompt_tokens,
             "shared_prefix_tokens": opts.shared_prefix_tokens, "max_tokens": opts.max_tokens,
-            "seed": opts.seed, "phases": opts.phases,
+            "seed": opts.seed, "phases": opts.phases, "warm_concurrency": opts.warm_concurrency,
         },
         "machine": system.machine_info(system.block_device_of(kv_dir)),
         "versions": system.versions(),
@@ -266,6 +271,9 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                     record_ceiling(run, kv_dir)
                 done.append(run_phase(live, phase))
                 rundir.update_manifest(run, "phases", done)
+            if opts.keep_kv:
+                # vLLM kills its worker at shutdown: writes still queued would be lost.
+                wait_for_stores(kv_dir)
     finally:
         if tracing is not None:
             tracing.close()

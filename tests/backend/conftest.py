@@ -32,14 +32,3 @@ def harness(tmp_path: Any) -> Iterator[Callable[..., Harness]]:
     yield make
     for h in made:
         h.close()
-
-
-@pytest.fixture
-def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1 (one per live test)."""
-    # Standard
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -21,12 +21,3 @@ def twin_dir():
         return path
 
     return make
-
-
-@pytest.fixture
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -65,6 +65,7 @@ def test_phase_plan_labels_are_unique():
     assert [p.label for p in plan_phases(["warm", "cold"], [4])] == ["warm", "cold"]
     plan = plan_phases(["warm", "cold"], [1, 8, 16])
     assert [(p.label, p.concurrency) for p in plan] == [
-        ("warm", 16), ("cold-c1", 1), ("cold-c8", 8), ("cold-c16", 16)]
+        ("warm", 1), ("cold-c1", 1), ("cold-c8", 8), ("cold-c16", 16)]
+    assert plan_phases(["warm"], [1], warm_concurrency=4)[0].concurrency == 4
     with pytest.raises(ValueError, match="warm and/or cold"):
         plan_phases(["hot"], [1])
