@@ -144,21 +144,32 @@ def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
     }
 
 
-def wait_for_stores(kv_dir: Path, settle_s: float = 2.0, timeout_s: float = 300.0) -> int:
-    """Wait until LMCache's asynchronous chunk writes stop changing the KV directory."""
+def expected_chunks(prompt_ids: list[list[int]], chunk_tokens: int = twins.CHUNK_TOKENS) -> int:
+    """How many chunk files LMCache stores for these prompts: their distinct full-chunk prefixes."""
+    return len({tuple(p[:end]) for p in prompt_ids
+                for end in range(chunk_tokens, len(p) + 1, chunk_tokens)})
 
-    def size() -> int:
-        return sum(p.stat().st_size for p in kv_dir.rglob("*") if p.is_file())
 
-    last, stable_since, started = -1, time.monotonic(), time.monotonic()
+def _stored_chunks(kv_dir: Path) -> tuple[int, int]:
+    """(complete chunk files, bytes of all files); dot-files are writes still in progress."""
+    files = [p for p in kv_dir.rglob("*") if p.is_file()]
+    done = [p for p in files if not p.name.startswith(".") and not p.name.endswith(".corrupt")]
+    return len(done), sum(p.stat().st_size for p in files)
+
+
+def wait_for_stores(kv_dir: Path, expected: int, settle_s: float = 10.0,
+                    timeout_s: float = 600.0) -> int:
+    """Wait for LMCache's asynchronous writes: until `expected` chunk files are complete and
+    quiet for a moment, or nothing has changed for settle_s. Returns the chunks found."""
+    last, since, started = (-1, -1), time.monotonic(), time.monotonic()
     while time.monotonic() - started < timeout_s:
-        now = size()
-        if now != last:
-            last, stable_since = now, time.monotonic()
-        elif time.monotonic() - stable_since >= settle_s:
+        state, now = _stored_chunks(kv_dir), time.monotonic()
+        if state != last:
+            last, since = state, now
+        elif (state[0] >= expected and now - since >= 0.5) or now - since >= settle_s:
             break
         time.sleep(0.25)
-    return last
+    return last[0]
 
 
 @dataclass
@@ -170,14 +181,15 @@ class LiveRun:
     kv_dir: Path
     device: str
     prompts: list[list[int]]
+    expected_chunks: int
     max_tokens: int
     observers: list[PhaseObserver]
     client_tracer: Any = None  # tracer.client.ClientTracer when tracing is on
 
 
-def record_ceiling(run: Path, kv_dir: Path) -> None:
+def record_ceiling(run: Path, kv_dir: Path, expected: int) -> None:
     """Measure the device ceiling on the stored chunks once, before the first cold phase."""
-    wait_for_stores(kv_dir)
+    wait_for_stores(kv_dir, expected)
     measured = ceiling.measure(kv_dir)
     rundir.update_manifest(run, "device_ceiling", measured.as_dict() if measured else None)
 
@@ -185,8 +197,9 @@ def record_ceiling(run: Path, kv_dir: Path) -> None:
 def run_phase(live: LiveRun, phase: Phase) -> dict:
     """Send every prompt once at the phase's concurrency; returns the phase's manifest entry."""
     run, server, device, prompt_ids = live.run, live.server, live.device, live.prompts
+    stored = -1
     if phase.kind == "cold":
-        wait_for_stores(live.kv_dir)
+        stored = wait_for_stores(live.kv_dir, live.expected_chunks)
         system.drop_page_cache()
     records = [
         RequestRecord(request_id=f"{run.name}-{phase.label}-{i}", phase=phase.label,
@@ -214,6 +227,7 @@ def run_phase(live: LiveRun, phase: Phase) -> dict:
     return {
         "name": phase.label, "kind": phase.kind, "concurrency": phase.concurrency,
         "started_ns": started, "ended_ns": ended, "page_cache_dropped": phase.kind == "cold",
+        "chunks_on_disk": stored, "chunks_expected": live.expected_chunks,
         "disk_read_bytes": after.read_bytes - before.read_bytes,
         "disk_write_bytes": after.write_bytes - before.write_bytes,
         "num_requests": len(records),
@@ -264,16 +278,17 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                 watching.insert(0, ProbeObserver(device))
             if tracing is not None:
                 watching.append(tracing)
-            live = LiveRun(run, server, kv_dir, device, prompt_ids, opts.max_tokens, watching,
+            live = LiveRun(run, server, kv_dir, device, prompt_ids, expected_chunks(prompt_ids),
+                           opts.max_tokens, watching,
                            tracing.client if tracing else None)
             for index, phase in enumerate(phases):
                 if phase.kind == "cold" and all(p.kind != "cold" for p in phases[:index]):
-                    record_ceiling(run, kv_dir)
+                    record_ceiling(run, kv_dir, live.expected_chunks)
                 done.append(run_phase(live, phase))
                 rundir.update_manifest(run, "phases", done)
             if opts.keep_kv:
                 # vLLM kills its worker at shutdown: writes still queued would be lost.
-                wait_for_stores(kv_dir)
+                wait_for_stores(kv_dir, live.expected_chunks)
     finally:
         if tracing is not None:
             tracing.close()

@@ -9,7 +9,7 @@ import pytest
 
 from kvscope import rundir
 from kvscope.workload.client import RequestRecord
-from kvscope.workload.runner import plan_phases
+from kvscope.workload.runner import expected_chunks, plan_phases
 
 MANIFEST = {k: {} for k in rundir.REQUIRED_MANIFEST_KEYS if k != "schema_version"}
 
@@ -69,3 +69,10 @@ def test_phase_plan_labels_are_unique():
     assert plan_phases(["warm"], [1], warm_concurrency=4)[0].concurrency == 4
     with pytest.raises(ValueError, match="warm and/or cold"):
         plan_phases(["hot"], [1])
+
+
+def test_expected_chunks_counts_distinct_full_chunk_prefixes():
+    shared = list(range(256))
+    prompts = [shared + [1000 + i] * 300 for i in range(3)]  # 556 tokens: 2 full chunks each
+    assert expected_chunks(prompts) == 1 + 3  # the shared first chunk is stored once
+    assert expected_chunks([list(range(255))]) == 0
