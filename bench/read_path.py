@@ -30,10 +30,13 @@ import os
 import shutil
 import statistics
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # First Party
-from read_path_stores import ChunkSet, Store, drop_page_cache, raw_direct_read  # noqa: E402
+from read_path_stores import ChunkSet, Store, drop_page_cache  # noqa: E402
+
+from kvscope.ceiling import read_files  # noqa: E402
 
 SETS = {
     "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),
@@ -96,8 +99,7 @@ def _ceiling(files: list[str]) -> float:
     best = 0.0
     for unit in (1 << 20, 4 << 20):
         drop_page_cache()
-        elapsed, raw_bytes = raw_direct_read(files, unit, 32)
-        best = max(best, raw_bytes / elapsed / 1e9)
+        best = max(best, read_files([Path(f) for f in files], unit, 32).bytes_per_s / 1e9)
     return best
 
 

@@ -1,12 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers of bench/read_path.py: chunk sets, LMCache stores per backend path, raw ceiling."""
+"""Helpers of bench/read_path.py: chunk sets and LMCache stores per backend path (the raw ceiling reader is kvscope.ceiling)."""
 
 # Standard
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
-import ctypes
-import mmap
 import os
 import threading
 import time
@@ -130,49 +127,3 @@ class Store:
 
     def close(self) -> None:
         self.manager.close()
-
-
-def huge_buffer(nbytes: int) -> tuple[mmap.mmap, memoryview]:
-    """2 MiB-aligned anonymous buffer with transparent huge pages, touched.
-
-    Why: virtio-blk here allows 254 segments per request; 4 KiB pages cap an O_DIRECT request
-    near 1 MiB, huge pages let one request carry 4 MiB (as LMCache's own pool does).
-    """
-    huge = 2 << 20
-    mm = mmap.mmap(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mm.madvise(mmap.MADV_HUGEPAGE)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(mm))
-    start = -address % huge
-    view = memoryview(mm)[start : start + nbytes]
-    view[:] = b"\1" * nbytes
-    return mm, view
-
-
-def raw_direct_read(files: list[str], unit: int, depth: int) -> tuple[float, int]:
-    """Device ceiling: ``depth`` threads of O_DIRECT preadv of ``unit`` bytes, no LMCache."""
-    work = deque((path, off, min(unit, size - off))
-                 for path in files for size in [os.path.getsize(path)]
-                 for off in range(0, size, unit))
-    total = sum(n for _, _, n in work)
-    lock = threading.Lock()
-    fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECT) for path in files}
-    buffers = [huge_buffer(unit) for _ in range(depth)]
-
-    def reader(view: memoryview) -> None:
-        while True:
-            with lock:
-                if not work:
-                    return
-                path, off, n = work.popleft()
-            os.preadv(fds[path], [view[:n]], off)
-
-    threads = [threading.Thread(target=reader, args=(view,)) for _, view in buffers]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    for fd in fds.values():
-        os.close(fd)
-    return elapsed, total
