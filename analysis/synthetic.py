@@ -35,7 +35,8 @@ def make_run(path: str | Path, *, n_requests: int, seed: int = 0, concurrency: i
 
     Requests are split evenly over `phases`, run one after another; within a phase,
     `concurrency` lanes each run their requests back to back, each lane with its own reader
-    threads. The truth is written to RUN/synthetic_expected.parquet (see `expected`).
+    threads and its own worker process (no request waits on another's work). The truth is
+    written to RUN/synthetic_expected.parquet (see `expected`).
     """
     if n_requests < 0 or concurrency < 1 or reads_per_request < 1 or ios_per_request < 1:
         raise ValueError("n_requests >= 0, concurrency, reads_per_request, ios_per_request >= 1")
