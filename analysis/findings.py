@@ -105,7 +105,7 @@ def _batch_wait(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Find
 def _ceiling_share(run: Run, summary: dict, phase: str) -> tuple[float, float] | None:
     """(read rate, its share of the device ceiling measured in the same run) for a phase."""
     ceiling = (run.manifest.get("device_ceiling") or {}).get("bytes_per_s")
-    rates = [r["wall_bytes_per_s"] for r in summary["read_bandwidth"] if r["phase"] == phase]
+    rates = [r["busy_bytes_per_s"] for r in summary["read_bandwidth"] if r["phase"] == phase]
     if not ceiling or not rates or not rates[0]:
         return None
     return rates[0], rates[0] / ceiling

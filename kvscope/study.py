@@ -56,9 +56,12 @@ def _seconds(group: dict, component: str, stat: str) -> float:
     return group["percentiles_ns"].get(component, {}).get(stat, math.nan) / 1e9
 
 
-def _read_rate(summary: dict, phase: str) -> float:
-    rates = [r["wall_bytes_per_s"] for r in summary["read_bandwidth"] if r["phase"] == phase]
-    return (rates[0] or math.nan) if rates else math.nan
+def _read_rates(summary: dict, phase: str) -> tuple[float, float]:
+    """(bytes/s while a read was in flight, share of the phase's read span the disk was busy)."""
+    rows = [r for r in summary["read_bandwidth"] if r["phase"] == phase]
+    if not rows or not rows[0]["busy_bytes_per_s"] or not rows[0]["wall_s"]:
+        return math.nan, math.nan
+    return rows[0]["busy_bytes_per_s"], rows[0]["busy_s"] / rows[0]["wall_s"]
 
 
 def headline(runs: dict[str, Path]) -> pd.DataFrame:
@@ -72,7 +75,7 @@ def headline(runs: dict[str, Path]) -> pd.DataFrame:
         for group in summary["groups"]:
             if not group["phase"].startswith("cold"):
                 continue
-            rate = _read_rate(summary, group["phase"])
+            rate, busy = _read_rates(summary, group["phase"])
             rows.append({
                 "profile": profile, "phase": group["phase"], "conc": group["concurrency"],
                 "ttft_p50_s": _seconds(group, "ttft", "p50"),
@@ -82,6 +85,7 @@ def headline(runs: dict[str, Path]) -> pd.DataFrame:
                 "read_GBps": rate / 1e9,
                 "ceiling_GBps": (ceiling or math.nan) / 1e9,
                 "read_vs_ceiling": rate / ceiling if ceiling else math.nan,
+                "disk_busy_share": busy,
             })
     table = pd.DataFrame(rows)
     if table.empty:
@@ -108,9 +112,11 @@ def verdict(table: pd.DataFrame) -> list[str]:
             lines.append(f"c={row.conc}: no device ceiling or block reads recorded; no verdict")
         elif share >= CEILING_BOUND:
             lines.append(
-                f"c={row.conc}: the device limits the gain: parallel reads ran at "
+                f"c={row.conc}: while reading, the device limits the gain: parallel reads ran at "
                 f"{row.read_GBps:.2f} GB/s, {share:.0%} of the {row.ceiling_GBps:.2f} GB/s "
-                f"this disk reached in the same run; speedup over serial {row.speedup_vs_serial:.2f}x"
+                f"this disk reached in the same run; the disk was busy {row.disk_busy_share:.0%} "
+                "of the phase's read span and waited on the rest of the path (copies, prefill, the "
+                f"next request) the rest of the time; speedup over serial {row.speedup_vs_serial:.2f}x"
             )
         else:
             lines.append(
