@@ -12,6 +12,7 @@ fights with vLLM's own `--otlp-traces-endpoint` tracer.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -93,19 +94,36 @@ class CountingExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
+class _DropCountingQueue(collections.deque):
+    """The batch processor's queue, counting the spans a full queue pushes out.
+
+    Appends and the worker's pops share one lock, so "full" is checked and acted on
+    atomically and the count is exact (a check outside the queue races the worker's pops).
+    """
+
+    def __init__(self, maxlen: int, counters: Counters) -> None:
+        super().__init__((), maxlen)
+        self._lock = threading.Lock()
+        self._counters = counters
+
+    def appendleft(self, item: object) -> None:
+        with self._lock:
+            if len(self) == self.maxlen:
+                self._counters.add(spans_dropped=1)
+            super().appendleft(item)
+
+    def pop(self) -> object:
+        with self._lock:
+            return super().pop()
+
+
 class CountingBatchProcessor(BatchSpanProcessor):
     """A BatchSpanProcessor that counts the spans its full queue drops."""
 
     def __init__(self, exporter: SpanExporter, counters: Counters, **kwargs: float) -> None:
         super().__init__(exporter, **kwargs)
-        self.counters = counters
-
-    def on_end(self, span: ReadableSpan) -> None:
         batch = self._batch_processor
-        queue = getattr(batch, "_queue", None)
-        if queue is not None and len(queue) >= batch._max_queue_size:
-            self.counters.add(spans_dropped=1)
-        super().on_end(span)
+        batch._queue = _DropCountingQueue(batch._max_queue_size, counters)  # SDK-private
 
 
 def otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
