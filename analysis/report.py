@@ -81,13 +81,7 @@ def _cdf_plot(complete: pd.DataFrame, plots: Path) -> str | None:
     for phase, group in complete.groupby("phase"):
         values = (group["ttft_ns"].astype("float64") / 1e9).sort_values()
         ax.step(values, [i / len(values) for i in range(1, len(values) + 1)], label=str(phase))
-    ax.set_xlabel("TTFT (s)")
-    ax.set_ylabel("fraction of requests")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(plots / "ttft_cdf.png", dpi=100)
-    plt.close(fig)
-    return "ttft_cdf"
+    return _save(fig, ax, "TTFT (s)", "fraction of requests", plots / "ttft_cdf.png")
 
 
 def _depth_plot(summary: dict[str, Any], plots: Path) -> str | None:
@@ -100,10 +94,17 @@ def _depth_plot(summary: dict[str, Any], plots: Path) -> str | None:
         depths = sorted(d["histogram"], key=int)
         ax.bar([int(k) for k in depths], [d["histogram"][k] for k in depths], alpha=0.6,
                label=f"{d['device']} ({d['source']})")
-    ax.set_xlabel("requests in flight")
-    ax.set_ylabel("fraction of time")
+    return _save(fig, ax, "requests in flight", "fraction of time", plots / "queue_depth.png")
+
+
+def _save(fig: Any, ax: Any, xlabel: str, ylabel: str, path: Path) -> str:
+    """Label, lay out, write and close a plot; returns its name for the report."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(plots / "queue_depth.png", dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return "queue_depth"
+    return path.stem
