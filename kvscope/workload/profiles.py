@@ -48,11 +48,11 @@ def _stock(threads: int | None) -> Callable[[Path], dict[str, Any]]:
     return build
 
 
-def _kvscope(mode: str) -> Callable[[Path], dict[str, Any]]:
+def _kvscope(mode: str, **knobs: Any) -> Callable[[Path], dict[str, Any]]:
     def build(kv_dir: Path) -> dict[str, Any]:
         from patched_backend.parallel_disk.profile import lmcache_settings
 
-        return lmcache_settings(kv_dir, mode=mode)
+        return lmcache_settings(kv_dir, mode=mode, **knobs)
 
     return build
 
@@ -66,6 +66,8 @@ PROFILES: dict[str, Profile] = {
                 _kvscope("serial")),
         Profile("kvscope", "kvscope's parallel-read disk backend (docs/backend.md)",
                 _kvscope("parallel")),
+        Profile("kvscope-prefetch", "kvscope with reads started at the scheduler's lookup "
+                "(kvscope.prefetch_on_lookup)", _kvscope("parallel", prefetch_on_lookup=True)),
     )
 }
 

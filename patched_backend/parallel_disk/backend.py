@@ -10,6 +10,9 @@ Both LMCache read paths go through the parallel engine:
   reads *when called* and returns a coroutine that only awaits them. StorageManager wraps
   that coroutine in its global ``AsyncSingleSerializer`` lock, which therefore serialises
   only the waiting, not the I/O: concurrent requests' reads overlap at the device.
+
+With ``prefetch_on_lookup`` the reads start earlier still, at the scheduler's lookup
+(``batched_contains(..., pin=True)``), and the synchronous retrieve claims them (prefetch.py).
 """
 
 # Standard
@@ -33,7 +36,8 @@ from patched_backend.parallel_disk.config import DiskConfig, from_extra_config
 from patched_backend.parallel_disk.geometry import EngineGeometry
 from patched_backend.parallel_disk.index import ChunkIndex, Entry
 from patched_backend.parallel_disk.io_engine import IOEngine
-from patched_backend.parallel_disk.reads import ReadPath, Started
+from patched_backend.parallel_disk.prefetch import Prefetched, Prefetcher
+from patched_backend.parallel_disk.reads import ReadPath, Slot, Started
 from patched_backend.parallel_disk.recovery import scan
 from patched_backend.parallel_disk.stats import BackendStats
 from patched_backend.parallel_disk.writer import ChunkWriter
@@ -70,6 +74,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         self._reads = ReadPath(self.path, s.mode, self._index, self._engine, self._stats,
                                local_cpu_backend, s.verify_checksum)
         self._writer = ChunkWriter(self.path, self._index, self._stats, s.write_threads)
+        self._prefetch = self._make_prefetcher(local_cpu_backend)
         hooks.register_backend(self)
         if s.hugepages:
             threading.Thread(target=_huge_pool, args=(local_cpu_backend,), daemon=True,
@@ -86,13 +91,42 @@ class ParallelDiskBackend(StoragePluginInterface):
             path=self.path, mode=self.settings.mode, chunks=len(self._index),
             used_bytes=self._index.used_bytes(), capacity_bytes=self.settings.capacity,
             reads_in_flight=self._engine.pending(), odirect=self._engine.odirect,
+            prefetch_held_bytes=self._prefetch.held_bytes() if self._prefetch else 0,
+            prefetch_pending=self._prefetch.pending() if self._prefetch else 0,
         )
+
+    def _make_prefetcher(self, allocator_backend: Any) -> Optional[Prefetcher]:
+        """Read-ahead at lookup, budget capped at half the CPU pool (the retrieve needs room)."""
+        s = self.settings
+        if not s.prefetch_on_lookup:
+            return None
+        budget = s.prefetch_bytes
+        region = pool_region(allocator_backend)
+        if region is not None:
+            budget = min(budget, region[1] // 2)
+        prefetcher = Prefetcher(self._reads, self._index, self._stats, budget,
+                                s.prefetch_timeout_s)
+        self._reads.on_pressure = prefetcher.reclaim
+        logger.info("kvscope disk: reads start at lookup, up to %d MiB ahead", budget >> 20)
+        return prefetcher
 
     # -- lookups ---------------------------------------------------------------------------
     def contains(self, key: Hashable, pin: bool = False) -> bool:
         hit = self._index.prefix([key], pin) == 1
         self._stats.add(lookup_hits=int(hit), lookup_misses=int(not hit))
+        if hit and pin and self._prefetch is not None:
+            self._prefetch.on_lookup([key])
         return hit
+
+    def batched_contains(self, keys: List[Hashable], pin: bool = False) -> int:
+        """Leading hits; a pinning lookup (the scheduler's, via LMCache's lookup server)
+        starts their reads when ``prefetch_on_lookup`` is on."""
+        keys = list(keys)
+        hits = self._index.prefix(keys, pin)
+        self._stats.add(lookup_hits=hits, lookup_misses=int(hits < len(keys)))
+        if hits and pin and self._prefetch is not None:
+            self._prefetch.on_lookup(keys[:hits])
+        return hits
 
     async def batched_async_contains(self, lookup_id: str, keys: List[Hashable],
                                      pin: bool = False) -> int:
@@ -104,6 +138,8 @@ class ParallelDiskBackend(StoragePluginInterface):
         return self._index.pin(key, +1)
 
     def unpin(self, key: Hashable) -> bool:
+        if self._prefetch is not None:
+            self._prefetch.on_unpin(key)
         return self._index.pin(key, -1)
 
     def touch_cache(self) -> None:
@@ -114,9 +150,24 @@ class ParallelDiskBackend(StoragePluginInterface):
         return self.batched_get_blocking([key])[0]
 
     def batched_get_blocking(self, keys: List[Hashable]) -> List[Optional[Any]]:
-        started = self._reads.start(list(keys), "sync", hooks.current_request_id(), True)
-        started.batch.wait()
-        return self._reads.settle(started)
+        keys = list(keys)
+        taken: dict[Hashable, Prefetched] = {}
+        if self._prefetch is not None and len(set(keys)) == len(keys):
+            taken = self._prefetch.take(keys)
+        if not taken:
+            started = self._reads.start(keys, "sync", hooks.current_request_id(), True)
+            started.batch.wait()
+            return self._reads.settle(started)
+        rest = [key for key in keys if key not in taken]
+        fresh: dict[Hashable, Slot] = {}
+        if rest:
+            started = self._reads.start(rest, "sync", hooks.current_request_id(), True)
+            fresh = dict(zip(rest, started.slots()))
+            started.batch.wait()
+        for record in taken.values():
+            record.batch.wait()
+        return self._reads.settle_slots(
+            [taken[key].slot if key in taken else fresh.get(key) for key in keys])
 
     def batched_get_non_blocking(self, lookup_id: str, keys: list[Hashable],
                                  transfer_spec: Any = None) -> Awaitable[list[Any]]:
@@ -159,6 +210,8 @@ class ParallelDiskBackend(StoragePluginInterface):
         return self._writer.flush(timeout)
 
     def remove(self, key: Hashable, force: bool = True) -> bool:
+        if self._prefetch is not None:
+            self._prefetch.discard(key)
         entry = self._index.remove(key)
         if entry is None:
             return False
@@ -173,6 +226,8 @@ class ParallelDiskBackend(StoragePluginInterface):
 
     def close(self) -> None:
         """Finish queued writes and reads, stop the threads."""
+        if self._prefetch is not None:
+            self._prefetch.close()
         self._writer.close()
         self._engine.close()
 

@@ -21,6 +21,9 @@ DELAY_ENV = "KVSCOPE_READ_DELAY_MS"
 DEFAULT_READ_UNIT = 4 << 20
 DEFAULT_QUEUE_DEPTH = 32
 DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
+# Read-ahead at lookup (off by default): memory budget, capped at half of LMCache's CPU pool.
+DEFAULT_PREFETCH_BYTES = 1 << 30
+DEFAULT_PREFETCH_TIMEOUT_S = 30.0
 
 _UNITS = {
     "": 1, "b": 1,
@@ -74,6 +77,9 @@ class DiskConfig:
     read_delay_ms: float = 0.0
     write_threads: int = 1
     hugepages: bool = True
+    prefetch_on_lookup: bool = False
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    prefetch_timeout_s: float = DEFAULT_PREFETCH_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -96,6 +102,11 @@ class DiskConfig:
             raise ValueError(f"{PREFIX}read_delay_ms: {self.read_delay_ms} must be >= 0")
         if self.write_threads < 1:
             raise ValueError(f"{PREFIX}write_threads: {self.write_threads} must be >= 1")
+        if self.prefetch_bytes <= 0:
+            raise ValueError(f"{PREFIX}prefetch_bytes: {self.prefetch_bytes} must be > 0 bytes")
+        if self.prefetch_timeout_s <= 0:
+            raise ValueError(
+                f"{PREFIX}prefetch_timeout_s: {self.prefetch_timeout_s} must be > 0 seconds")
 
     @property
     def effective_queue_depth(self) -> int:
@@ -156,4 +167,8 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         read_delay_ms=number("read_delay_ms", float(os.environ.get(DELAY_ENV, 0.0)), float),
         write_threads=number("write_threads", 1, int),
         hugepages=_parse_bool(PREFIX + "hugepages", extra.get(PREFIX + "hugepages", True)),
+        prefetch_on_lookup=_parse_bool(PREFIX + "prefetch_on_lookup",
+                                       extra.get(PREFIX + "prefetch_on_lookup", False)),
+        prefetch_bytes=size("prefetch_bytes", DEFAULT_PREFETCH_BYTES),
+        prefetch_timeout_s=number("prefetch_timeout_s", DEFAULT_PREFETCH_TIMEOUT_S, float),
     )

@@ -5,11 +5,13 @@
 every chunk to the I/O engine at once; ``settle`` turns the finished batch into memory
 objects, refusing (miss + report) any chunk that failed its checks. A refused chunk ends the
 served prefix: LMCache only uses a contiguous prefix, so chunks after it are released.
+``settle_slots`` does the same for chunks that came from several batches (reads submitted at
+lookup time by prefetch.py plus reads of the rest).
 """
 
 # Standard
 from dataclasses import dataclass
-from typing import Any, Hashable, Optional
+from typing import Any, Callable, Hashable, Optional
 import logging
 import time
 
@@ -32,6 +34,15 @@ _QUARANTINE = ("checksum", "truncated")
 
 
 @dataclass
+class Slot:
+    """One chunk read: its pinned index entry, the memory object, the engine's record."""
+
+    entry: Entry
+    obj: Any
+    chunk: ChunkRead
+
+
+@dataclass
 class Started:
     """A batch in flight with the memory objects it reads into."""
 
@@ -39,6 +50,11 @@ class Started:
     entries: list[Entry]
     objs: list[Any]
     batch: ReadBatch
+
+    def slots(self) -> list[Slot]:
+        """One slot per started chunk, in key order (a prefix of ``keys``)."""
+        return [Slot(e, o, c) for e, o, c in zip(self.entries, self.objs, self.batch.chunks,
+                                                 strict=True)]
 
 
 class ReadPath:
@@ -48,21 +64,29 @@ class ReadPath:
                  stats: BackendStats, allocator: Any, verify: bool) -> None:
         self._dir, self._mode, self._index, self._verify = directory, mode, index, verify
         self._engine, self._stats, self._allocator = engine, stats, allocator
+        # Called when a blocking allocation would have to wait: frees memory held by reads
+        # submitted ahead (prefetch.py), which could otherwise wait on this very caller.
+        self.on_pressure: Optional[Callable[[list[Hashable]], None]] = None
 
     def start(self, keys: list[Hashable], kind: str, request_id: Optional[str],
-              busy_loop: bool) -> Started:
+              busy_loop: bool, count_misses: bool = True) -> Started:
         """Allocate and submit reads for the leading present ``keys``."""
         entries = self._index.acquire(keys)
         objs, chunks = [], []
         for entry in entries:
-            obj = self._allocate(entry, busy_loop)
+            obj = self._allocate(entry, False)
+            if obj is None and busy_loop and self._allocator is not None:
+                if self.on_pressure is not None:
+                    self.on_pressure(keys)
+                obj = self._allocate(entry, True)
             if obj is None:
                 break
             objs.append(obj)
             chunks.append(self._chunk_read(entry, obj))
         self._index.unpin_all(entries[len(objs):])
         entries = entries[: len(objs)]
-        self._stats.add(read_misses=len(keys) - len(entries))
+        if count_misses:
+            self._stats.add(read_misses=len(keys) - len(entries))
         batch = ReadBatch(chunks)
         submit = self._submit_event(batch, keys, kind, request_id)
         if submit is not None:
@@ -72,24 +96,34 @@ class ReadPath:
 
     def settle(self, started: Started) -> list[Optional[Any]]:
         """Memory objects of a finished batch, ``None`` from the first failed chunk on."""
-        results: list[Optional[Any]] = [None] * len(started.keys)
-        served, ok_bytes = [], 0
-        for i, (chunk, entry, obj) in enumerate(
-            zip(started.batch.chunks, started.entries, started.objs, strict=True)
-        ):
-            if chunk.error is None and len(served) == i:
-                _restore_metadata(obj, entry)
-                results[i] = obj
-                served.append(entry.key)
-                ok_bytes += entry.header.payload_len
+        slots: list[Optional[Slot]] = [None] * len(started.keys)
+        slots[: len(started.entries)] = started.slots()
+        return self.settle_slots(slots)
+
+    def settle_slots(self, slots: list[Optional[Slot]]) -> list[Optional[Any]]:
+        """Served prefix of finished chunk reads (one slot per key, None: not read).
+
+        Releases every slot's pin, and the memory of every slot not served.
+        """
+        results: list[Optional[Any]] = [None] * len(slots)
+        served, ok_bytes, entries = [], 0, []
+        for i, slot in enumerate(slots):
+            if slot is None:
                 continue
-            if chunk.error is not None:
-                self._refuse(entry, chunk.error)
-            obj.ref_count_down()
-        self._index.unpin_all(started.entries)
+            entries.append(slot.entry)
+            if slot.chunk.error is None and len(served) == i:
+                _restore_metadata(slot.obj, slot.entry)
+                results[i] = slot.obj
+                served.append(slot.entry.key)
+                ok_bytes += slot.entry.header.payload_len
+                continue
+            if slot.chunk.error is not None:
+                self._refuse(slot.entry, slot.chunk.error)
+            slot.obj.ref_count_down()
+        self._index.unpin_all(entries)
         self._index.touch(served)
         self._stats.add(read_hits=len(served), read_bytes=ok_bytes, read_batches=1,
-                        read_misses=len(started.entries) - len(served))
+                        read_misses=len(entries) - len(served))
         return results
 
     def _allocate(self, entry: Entry, busy_loop: bool) -> Optional[Any]:

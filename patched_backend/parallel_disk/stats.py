@@ -11,6 +11,8 @@ COUNTERS = (
     "read_hits", "read_misses", "read_bytes", "read_batches",
     "stores", "store_bytes", "store_failures", "stores_skipped",
     "evictions", "evicted_bytes", "corrupt_chunks",
+    # prefetch_on_lookup: chunks read ahead, claimed by a get, released unclaimed
+    "prefetch_reads", "prefetch_claimed", "prefetch_unclaimed",
 )
 
 
