@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=defaults.model, help="twin name (kvscope model list)")
     p.add_argument("--models-dir", type=Path, default=defaults.models_dir)
     p.add_argument("--profile", default=defaults.profile,
-                   help="backend profile: stock-serial, stock, kvscope, kvscope-serial")
+                   help="backend profile: stock-serial, stock, kvscope, kvscope-serial, "
+                   "kvscope-prefetch")
     p.add_argument("--requests", type=int, default=defaults.requests, help="prompts per phase")
     p.add_argument("--concurrency", type=_levels, default=defaults.concurrency,
                    help="requests in flight; a list runs one cold phase per level (1,8,16)")
