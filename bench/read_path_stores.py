@@ -32,17 +32,6 @@ class ChunkSet:
         return torch.Size([2, self.layers, self.tokens, self.kv_heads * self.head_dim])
 
 
-def drop_page_cache() -> bool:
-    """sync + drop clean caches (root only); False when not permitted."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except PermissionError:
-        return False
-
-
 class Store:
     """One LMCache StorageManager holding the chunk set under one backend configuration."""
 
