@@ -38,6 +38,7 @@ READ_DEVICE = "kvscope.storage.device"
 READ_INFLIGHT_AT_SUBMIT = "kvscope.storage.inflight_at_submit"
 READER_TIDS = "kvscope.storage.reader_tids"  # threads that issued the reads (joins block I/O)
 READ_FAILED_CHUNKS = "kvscope.storage.failed_chunks"  # chunks refused (served as misses)
+READ_AHEAD = "kvscope.storage.read_ahead"  # true: started at lookup, before this request's load
 TRANSFER_BYTES = "kvscope.transfer.bytes"
 TRANSFER_KIND = "kvscope.transfer.kind"  # "cpu_copy" here, "h2d" on CUDA
 PREFILL_TOKENS = "kvscope.prefill.tokens"

@@ -88,7 +88,12 @@ def on_stock_read_file(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
 
 
 class ParallelReadListener:
-    """Listener for patched_backend.parallel_disk.hooks: one span per batch of reads."""
+    """Listener for patched_backend.parallel_disk.hooks: one span per batch of reads.
+
+    A batch read ahead at lookup (`prefetch_on_lookup`) is submitted outside any request; it
+    becomes a span of the request whose load claimed it, over the read's own times (from the
+    lookup, so usually before kv.load starts: a sibling of kv.load, not its child).
+    """
 
     def __init__(self) -> None:
         self._pending: dict[int, tuple[spans.RequestTrace, Any]] = {}
@@ -108,16 +113,27 @@ class ParallelReadListener:
             return
         request, parent = found
         spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, submit.submit_ns,
-                     event.end_ns, {
-                         semconv.READ_BYTES: event.ok_bytes,
-                         semconv.READ_CHUNKS: submit.chunk_count,
-                         semconv.READ_SUBREADS: submit.sub_reads,
-                         semconv.READ_BACKEND: f"kvscope-{submit.mode}",
-                         semconv.READ_DEVICE: device_of(submit.backend_path),
-                         semconv.READ_INFLIGHT_AT_SUBMIT: submit.inflight_at_submit,
-                         semconv.READER_TIDS: list(event.reader_tids),
-                         semconv.READ_FAILED_CHUNKS: len(event.failed_keys),
-                     }, parent=parent)
+                     event.end_ns, parent=parent, attributes={
+            semconv.READ_BYTES: event.ok_bytes, semconv.READ_CHUNKS: submit.chunk_count,
+            semconv.READ_SUBREADS: submit.sub_reads,
+            semconv.READ_BACKEND: f"kvscope-{submit.mode}",
+            semconv.READ_DEVICE: device_of(submit.backend_path),
+            semconv.READ_INFLIGHT_AT_SUBMIT: submit.inflight_at_submit,
+            semconv.READER_TIDS: list(event.reader_tids),
+            semconv.READ_FAILED_CHUNKS: len(event.failed_keys), semconv.READ_AHEAD: False})
+
+    def on_read_claim(self, event: Any) -> None:
+        request = current.get()  # the claim runs on the retrieving thread, inside kv.load
+        if request is None:
+            return
+        spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, event.submit_ns,
+                     event.end_ns, attributes={
+            semconv.READ_BYTES: event.bytes, semconv.READ_CHUNKS: len(event.keys),
+            semconv.READ_SUBREADS: event.sub_reads,
+            semconv.READ_BACKEND: f"kvscope-{event.mode}",
+            semconv.READ_DEVICE: device_of(event.backend_path),
+            semconv.READER_TIDS: list(event.reader_tids),
+            semconv.READ_FAILED_CHUNKS: len(event.failed_keys), semconv.READ_AHEAD: True})
 
 
 @functools.lru_cache(maxsize=64)

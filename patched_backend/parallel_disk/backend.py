@@ -151,21 +151,25 @@ class ParallelDiskBackend(StoragePluginInterface):
 
     def batched_get_blocking(self, keys: List[Hashable]) -> List[Optional[Any]]:
         keys = list(keys)
+        claim_ns = time.monotonic_ns()
         taken: dict[Hashable, Prefetched] = {}
         if self._prefetch is not None and len(set(keys)) == len(keys):
             taken = self._prefetch.take(keys)
+        request_id = hooks.current_request_id()
         if not taken:
-            started = self._reads.start(keys, "sync", hooks.current_request_id(), True)
+            started = self._reads.start(keys, "sync", request_id, True)
             started.batch.wait()
             return self._reads.settle(started)
         rest = [key for key in keys if key not in taken]
         fresh: dict[Hashable, Slot] = {}
         if rest:
-            started = self._reads.start(rest, "sync", hooks.current_request_id(), True)
+            started = self._reads.start(rest, "sync", request_id, True)
             fresh = dict(zip(rest, started.slots()))
             started.batch.wait()
         for record in taken.values():
             record.batch.wait()
+        self._reads.report_claims([(r.batch, r.slot) for r in taken.values()], request_id,
+                                  claim_ns)
         return self._reads.settle_slots(
             [taken[key].slot if key in taken else fresh.get(key) for key in keys])
 

@@ -5,6 +5,7 @@ A listener is any object with some of these methods; each gets one frozen event:
 
     on_read_submit(ReadSubmitEvent)     a batch of chunk reads was queued
     on_read_complete(ReadCompleteEvent) every chunk of that batch finished (or failed)
+    on_read_claim(ReadClaimEvent)       a get took chunks read ahead at lookup (prefetch.py)
     on_store(StoreEvent)                a chunk write finished (ok or not)
     on_corrupt(CorruptEvent)            a chunk file was refused (never served)
     on_evict(EvictEvent)                a chunk was evicted for capacity
@@ -60,6 +61,27 @@ class ReadCompleteEvent:
     failed_keys: tuple[str, ...]
     reader_tids: tuple[int, ...]  # native thread ids that ran the reads (join with eBPF)
     first_chunk_ready_ns: int  # when the first chunk was complete and verified, -1 if none
+
+
+@dataclass(frozen=True)
+class ReadClaimEvent:
+    """A synchronous get took chunks read ahead at lookup: one event per read batch it took from.
+
+    Sent from the retrieving thread once those chunks are done, so a tracer can give the read
+    to the request that waited for it (the batch's own submit carries no request id).
+    """
+
+    backend_path: str
+    mode: str
+    request_id: Optional[str]  # request_context() value of the get
+    keys: tuple[str, ...]  # the chunks taken from this batch
+    bytes: int  # payload bytes of the taken chunks that were served (verified)
+    sub_reads: int
+    submit_ns: int  # when the read ahead was submitted (the lookup)
+    claim_ns: int  # when the get asked for the chunks
+    end_ns: int  # when the last taken chunk was complete (before or after claim_ns)
+    reader_tids: tuple[int, ...]  # native thread ids that ran the batch's reads
+    failed_keys: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,24 @@ class ReadPath:
                         read_misses=len(entries) - len(served))
         return results
 
+    def report_claims(self, claimed: list[tuple[ReadBatch, Slot]], request_id: Optional[str],
+                      claim_ns: int) -> None:
+        """Tell listeners which finished reads ahead a get took: one event per batch."""
+        if not hooks.has_listeners():
+            return
+        by_batch: dict[int, tuple[ReadBatch, list[ChunkRead]]] = {}
+        for batch, slot in claimed:
+            by_batch.setdefault(id(batch), (batch, []))[1].append(slot.chunk)
+        for batch, chunks in by_batch.values():
+            hooks.emit("on_read_claim", hooks.ReadClaimEvent(
+                backend_path=self._dir, mode=self._mode, request_id=request_id,
+                keys=tuple(c.key for c in chunks),
+                bytes=sum(c.payload_len for c in chunks if c.error is None),
+                sub_reads=sum(self._engine.sub_reads_for(c.payload_len) for c in chunks),
+                submit_ns=batch.submit_ns, claim_ns=claim_ns,
+                end_ns=max(c.ready_ns for c in chunks), reader_tids=tuple(sorted(batch.tids)),
+                failed_keys=tuple(c.key for c in chunks if c.error is not None)))
+
     def _allocate(self, entry: Entry, busy_loop: bool) -> Optional[Any]:
         if self._allocator is None:
             logger.error("kvscope disk: no LMCache CPU allocator in this process (scheduler "

@@ -54,10 +54,13 @@ def settled(h):
 
 class _Kinds:
     def __init__(self):
-        self.submits = []
+        self.submits, self.claims = [], []
 
     def on_read_submit(self, event):
         self.submits.append(event)
+
+    def on_read_claim(self, event):
+        self.claims.append(event)
 
     def chunks(self, kind):
         return sum(e.chunk_count for e in self.submits if e.path_kind == kind)
@@ -95,6 +98,27 @@ def test_bit_exact_through_prefetch_without_a_second_read(harness, kinds):
     assert all(h.backend._index.get(key(i)).pins == 0 for i in range(8))
 
 
+def test_each_claim_is_reported_to_the_request_that_took_it(harness, kinds):
+    """The tracer gives a read ahead to the request whose get waited for it."""
+    h = harness(**ON)
+    h.put(list(range(6)))
+    assert lookup(h, range(6)) == 6
+    wait_for(lambda: h.backend.stats()["prefetch_reads"] == 6)
+    (ahead,) = [e for e in kinds.submits if e.path_kind == "prefetch"]
+    assert ahead.request_id is None  # submitted by the lookup, outside any request
+    for request, indices in (("req-a", [0, 1, 2]), ("req-b", [3, 4, 5])):
+        with hooks.request_context(request):
+            assert_exact(h.get(indices), indices)
+    unpin(h, range(6))
+    assert [(c.request_id, c.keys) for c in kinds.claims] == [
+        ("req-a", ahead.keys[:3]), ("req-b", ahead.keys[3:])]
+    for claim in kinds.claims:
+        assert claim.bytes == 3 * CHUNK_BYTES and claim.failed_keys == ()
+        assert claim.submit_ns == ahead.submit_ns < claim.end_ns
+        assert claim.submit_ns < claim.claim_ns and claim.reader_tids
+    assert kinds.chunks("sync") == 0
+
+
 def test_claimed_and_unclaimed_memory_released(harness):
     h = harness(**ON)
     h.put(list(range(8)))
@@ -124,7 +148,7 @@ def test_unclaimed_read_released_after_timeout(harness):
     unpin(h, [0, 1])
 
 
-def test_corrupt_prefetched_chunk_is_a_miss(harness):
+def test_corrupt_prefetched_chunk_is_a_miss(harness, kinds):
     h = harness(**ON)
     h.put(list(range(4)))
     with open(chunk_path(h.backend.path, 2), "r+b") as f:
@@ -138,6 +162,8 @@ def test_corrupt_prefetched_chunk_is_a_miss(harness):
     assert objs[2] is None and objs[3] is None
     assert_exact(objs[:2], [0, 1])
     unpin(h, range(4))
+    (claim,) = kinds.claims
+    assert claim.failed_keys == (claim.keys[2],) and claim.bytes == 3 * CHUNK_BYTES
     wait_for(lambda: settled(h))
     assert h.backend.stats()["corrupt_by_reason"] == {"checksum": 1}
     assert os.path.exists(chunk_path(h.backend.path, 2) + ".corrupt")

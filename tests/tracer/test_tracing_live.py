@@ -22,12 +22,14 @@ EVERY_REQUEST = {semconv.SPAN_CLIENT_REQUEST, semconv.SPAN_QUEUE, semconv.SPAN_K
 COLD_LOAD = {semconv.SPAN_KV_LOAD, semconv.SPAN_STORAGE_READ, semconv.SPAN_KV_TRANSFER}
 
 
-def _run(tmp_path: Path, monkeypatch, env: dict[str, str], phases: list[str]) -> Path:
+def _run(tmp_path: Path, monkeypatch, env: dict[str, str], phases: list[str],
+         profile: str = "stock") -> Path:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     opts = RunOptions(out=tmp_path / "run", model="tiny", models_dir=MODELS_DIR,
                       requests=REQUESTS, concurrency=[2], prompt_tokens=600, phases=phases,
-                      kv_dir=tmp_path / "kv", port=free_tcp_port(), probes=False)
+                      kv_dir=tmp_path / "kv", port=free_tcp_port(), probes=False,
+                      profile=profile)
     return execute(opts)
 
 
@@ -80,6 +82,30 @@ def _assert_children_nest_in_parents(spans) -> None:
         parent = by_id.loc[(child.trace_id, child.parent_span_id)]
         assert parent["start_ns"] <= child.start_ns <= child.end_ns <= parent["end_ns"], (
             child.name, parent["name"])
+
+
+@pytest.mark.root
+def test_reads_ahead_at_lookup_are_spans_of_the_request_that_claimed_them(tmp_path, monkeypatch):
+    run = _run(tmp_path, monkeypatch, {}, ["warm", "cold"], profile="kvscope-prefetch")
+    loaded = analysis.load_run(run)
+    spans = loaded.spans
+    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
+    cold_ids = set(loaded.requests.loc[loaded.requests["phase"] == "cold", "request_id"])
+    assert set(reads["request_id"]) == cold_ids
+    chunks = {rid: 0 for rid in cold_ids}
+    for read in reads.itertuples():
+        attrs = read.attributes
+        assert attrs[semconv.READ_AHEAD] is True and attrs[semconv.READ_BYTES] > 0
+        assert attrs[semconv.READER_TIDS] and attrs[semconv.READ_FAILED_CHUNKS] == 0
+        chunks[read.request_id] += attrs[semconv.READ_CHUNKS]
+    assert set(chunks.values()) == {600 // 256}, "every full chunk was read ahead and claimed"
+    _assert_children_nest_in_parents(spans)
+
+    attribution = analysis.attribute(loaded)
+    cold = attribution[attribution["phase"] == "cold"]
+    parts = [f"{c}_ns" for c in analysis.attribution.COMPONENTS]
+    assert (cold[parts].sum(axis=1) == cold["ttft_ns"]).all()
+    assert (cold["storage_read_ns"] + cold["hidden_storage_read_ns"] > 0).all()
 
 
 def test_collector_down_serving_goes_on_and_loss_is_counted(tmp_path, monkeypatch):
