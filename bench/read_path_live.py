@@ -98,18 +98,13 @@ def _table(cold: pd.DataFrame, profiles: list[str]) -> pd.DataFrame:
 def _print(wide: pd.DataFrame, profiles: list[str], load: tuple[str, str]) -> None:
     base = profiles[-1]
     print(f"\ncold TTFT (s), median and p99; ratios = profile / {base} (> 1: {base} faster)")
-    header = f"{'conc':>5}" + "".join(f"{p + ' p50':>20}{'p99':>8}" for p in profiles)
-    header += "".join(f"{p + '/' + base + ' p50':>28}{'p99':>8}" for p in profiles[:-1])
-    print(header)
-    for conc, row in wide.iterrows():
-        line = f"{conc:>5}" + "".join(f"{row[('p50', p)]:>20.3f}{row[('p99', p)]:>8.3f}"
-                                      for p in profiles)
-        line += "".join(f"{row[('p50 x', f'{p}/{base}')]:>28.2f}{row[('p99 x', f'{p}/{base}')]:>8.2f}"
-                        for p in profiles[:-1])
-        print(line)
+    ttft = {f"{p} {q}": wide[(q, p)] for p in profiles for q in ("p50", "p99")}
+    ratios = {f"{p}/{base} {q}": wide[(f"{q} x", f"{p}/{base}")]
+              for p in profiles[:-1] for q in ("p50", "p99")}
+    print(pd.DataFrame(ttft).round(3).to_string())
+    print(pd.DataFrame(ratios).round(2).to_string())
     print("mean cached tokens per cold request:")
-    for conc, row in wide.iterrows():
-        print(f"{conc:>5}" + "".join(f"{p:>20} {row[('hit_tokens', p)]:>6.0f}" for p in profiles))
+    print(wide["hit_tokens"][profiles].round(0).to_string())
     print(f"load average before: {load[0]}; after: {load[1]}")
 
 

@@ -22,6 +22,7 @@ def _levels(text: str) -> list[int]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvscope.workload.profiles import PROFILES
     from kvscope.workload.runner import RunOptions
 
     defaults = RunOptions(out=Path("."))
@@ -36,8 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=defaults.model, help="twin name (kvscope model list)")
     p.add_argument("--models-dir", type=Path, default=defaults.models_dir)
     p.add_argument("--profile", default=defaults.profile,
-                   help="backend profile: stock-serial, stock, kvscope, kvscope-serial, "
-                   "kvscope-prefetch")
+                   help=f"backend profile: {', '.join(PROFILES)}")
     p.add_argument("--requests", type=int, default=defaults.requests, help="prompts per phase")
     p.add_argument("--concurrency", type=_levels, default=defaults.concurrency,
                    help="requests in flight; a list runs one cold phase per level (1,8,16)")
@@ -63,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
+    from kvscope.workload.profiles import PROFILES
     from kvscope.workload.runner import RunOptions
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -64,10 +64,11 @@ PROFILES: dict[str, Profile] = {
         Profile("stock", "LMCache's stock disk backend with its defaults", _stock(None)),
         Profile("kvscope-serial", "kvscope's disk backend, one chunk and one read at a time",
                 _kvscope("serial")),
-        Profile("kvscope", "kvscope's parallel-read disk backend (docs/backend.md)",
-                _kvscope("parallel")),
-        Profile("kvscope-prefetch", "kvscope with reads started at the scheduler's lookup "
-                "(kvscope.prefetch_on_lookup)", _kvscope("parallel", prefetch_on_lookup=True)),
+        Profile("kvscope", "kvscope's parallel-read disk backend, reads started at the "
+                "scheduler's lookup (docs/backend.md)", _kvscope("parallel")),
+        Profile("kvscope-noprefetch", "kvscope's parallel reads, started only when the worker "
+                "loads (kvscope.prefetch_on_lookup off)",
+                _kvscope("parallel", prefetch_on_lookup=False)),
     )
 }
 

@@ -21,7 +21,7 @@ DELAY_ENV = "KVSCOPE_READ_DELAY_MS"
 DEFAULT_READ_UNIT = 4 << 20
 DEFAULT_QUEUE_DEPTH = 32
 DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
-# Read-ahead at lookup (off by default): memory budget, capped at half of LMCache's CPU pool.
+# Read-ahead at lookup (on in parallel mode): memory budget, capped at half of LMCache's CPU pool.
 DEFAULT_PREFETCH_BYTES = 1 << 30
 DEFAULT_PREFETCH_TIMEOUT_S = 30.0
 
@@ -64,7 +64,8 @@ def _parse_bool(key: str, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class DiskConfig:
-    """Validated knobs. In ``serial`` mode reads go one chunk at a time, one read per chunk."""
+    """Validated knobs. In ``serial`` mode reads go one chunk at a time, one read per chunk,
+    and nothing is read ahead (it is the A/B baseline)."""
 
     path: str
     capacity: int
@@ -77,7 +78,7 @@ class DiskConfig:
     read_delay_ms: float = 0.0
     write_threads: int = 1
     hugepages: bool = True
-    prefetch_on_lookup: bool = False
+    prefetch_on_lookup: bool = True
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     prefetch_timeout_s: float = DEFAULT_PREFETCH_TIMEOUT_S
 
@@ -102,6 +103,9 @@ class DiskConfig:
             raise ValueError(f"{PREFIX}read_delay_ms: {self.read_delay_ms} must be >= 0")
         if self.write_threads < 1:
             raise ValueError(f"{PREFIX}write_threads: {self.write_threads} must be >= 1")
+        if self.prefetch_on_lookup and self.mode == "serial":
+            raise ValueError(f"{PREFIX}prefetch_on_lookup: reads ahead need {PREFIX}mode "
+                             "'parallel'; serial mode reads one chunk at a time")
         if self.prefetch_bytes <= 0:
             raise ValueError(f"{PREFIX}prefetch_bytes: {self.prefetch_bytes} must be > 0 bytes")
         if self.prefetch_timeout_s <= 0:
@@ -155,10 +159,11 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
             kind = "an integer" if cast is int else "a number"
             raise ValueError(f"{PREFIX}{name}: {value!r} is not {kind}") from None
 
+    mode = str(extra.get(PREFIX + "mode", "parallel"))
     return DiskConfig(
         path=str(path),
         capacity=capacity,
-        mode=str(extra.get(PREFIX + "mode", "parallel")),
+        mode=mode,
         read_unit=size("read_unit", DEFAULT_READ_UNIT),
         queue_depth=number("queue_depth", DEFAULT_QUEUE_DEPTH, int),
         max_inflight_bytes=size("max_inflight_bytes", DEFAULT_MAX_INFLIGHT_BYTES),
@@ -168,7 +173,8 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         write_threads=number("write_threads", 1, int),
         hugepages=_parse_bool(PREFIX + "hugepages", extra.get(PREFIX + "hugepages", True)),
         prefetch_on_lookup=_parse_bool(PREFIX + "prefetch_on_lookup",
-                                       extra.get(PREFIX + "prefetch_on_lookup", False)),
+                                       extra.get(PREFIX + "prefetch_on_lookup",
+                                                 mode == "parallel")),
         prefetch_bytes=size("prefetch_bytes", DEFAULT_PREFETCH_BYTES),
         prefetch_timeout_s=number("prefetch_timeout_s", DEFAULT_PREFETCH_TIMEOUT_S, float),
     )

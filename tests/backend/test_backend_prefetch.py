@@ -20,7 +20,7 @@ from backend_support import assert_exact, chunk_path, key
 from patched_backend.parallel_disk import hooks
 from patched_backend.parallel_disk.config import from_extra_config
 
-ON = {"kvscope.prefetch_on_lookup": True}
+ON = {"kvscope.prefetch_on_lookup": True}  # the default, spelled out
 CHUNK_BYTES = 512 << 10  # the test geometry: 2 x 4 layers x 256 tokens x 128 x bf16
 
 
@@ -74,13 +74,21 @@ def kinds():
     hooks.remove_listener(recorder)
 
 
-def test_off_by_default_lookup_reads_nothing(harness, kinds):
-    h = harness()
+def test_off_lookup_reads_nothing(harness, kinds):
+    h = harness(**{"kvscope.prefetch_on_lookup": False})
     h.put(list(range(4)))
     assert lookup(h, range(4)) == 4
     assert kinds.chunks("prefetch") == 0 and h.backend.stats()["prefetch_reads"] == 0
     assert_exact(h.get(list(range(4))), list(range(4)))
     unpin(h, range(4))
+
+
+def test_on_in_parallel_mode_off_in_serial_mode(tmp_path):
+    base = {"kvscope.path": str(tmp_path), "kvscope.capacity": "1GiB"}
+    assert from_extra_config(base).prefetch_on_lookup
+    assert not from_extra_config({**base, "kvscope.mode": "serial"}).prefetch_on_lookup
+    with pytest.raises(ValueError, match="kvscope.prefetch_on_lookup.*serial"):
+        from_extra_config({**base, "kvscope.mode": "serial", "kvscope.prefetch_on_lookup": True})
 
 
 def test_bit_exact_through_prefetch_without_a_second_read(harness, kinds):

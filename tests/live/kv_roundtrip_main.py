@@ -28,6 +28,7 @@ def main(model_dir: str, kv_dir: str, num_tokens: int) -> None:
     time.sleep(3)  # let the asynchronous store reach the disk
     hit = llm.generate([prompt], params)[0]
     result.update(
+        disk_stats=llm.collective_rpc("kvscope_disk_stats")[0],
         miss_tokens=list(miss.outputs[0].token_ids), hit_tokens=list(hit.outputs[0].token_ids),
         miss_cached=miss.num_cached_tokens or 0, hit_cached=hit.num_cached_tokens or 0,
         miss_logprobs=_first_logprobs(miss), hit_logprobs=_first_logprobs(hit),

@@ -51,3 +51,10 @@ class KVRoundTrip:
             "differs_before": differs_before,
             "equal_after": all(torch.equal(r[src], r[dst]) for r in raw),
         }
+
+    def kvscope_disk_stats(self) -> dict:
+        """Counters of the kvscope disk backend in this worker ({} on the stock backend)."""
+        from patched_backend.parallel_disk import hooks
+
+        backends = hooks.live_backends()
+        return backends[0].stats() if backends else {}

@@ -50,3 +50,6 @@ def test_kv_blocks_round_trip_bit_exact_through_lmcache_disk(twin, profile, twin
     assert result["miss_logprobs"].keys() == result["hit_logprobs"].keys()
     for token, logprob in result["miss_logprobs"].items():
         assert logprob == pytest.approx(result["hit_logprobs"][token], abs=2e-2)
+    if profile == "kvscope":  # the hit's chunks were read ahead at the lookup and claimed
+        stats = result["disk_stats"]
+        assert stats["prefetch_claimed"] >= result["hit_cached"] // 256, stats

@@ -86,7 +86,7 @@ def _assert_children_nest_in_parents(spans) -> None:
 
 @pytest.mark.root
 def test_reads_ahead_at_lookup_are_spans_of_the_request_that_claimed_them(tmp_path, monkeypatch):
-    run = _run(tmp_path, monkeypatch, {}, ["warm", "cold"], profile="kvscope-prefetch")
+    run = _run(tmp_path, monkeypatch, {}, ["warm", "cold"], profile="kvscope")
     loaded = analysis.load_run(run)
     spans = loaded.spans
     reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
