@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 EXAMPLES = """examples:
-  kvscope demo                                   # sized for 2 cores / 24 GiB: about 10 minutes
+  kvscope demo                                   # sized for 2 cores / 24 GiB: about 4 minutes once set up
   kvscope demo --requests 32 --concurrency 8,16,32 --prompt-tokens 8192   # a bigger host
 """
 HEADLINE_COLUMNS = ["profile", "conc", "ttft_p50_s", "ttft_p99_s", "storage_read_p50_s",
