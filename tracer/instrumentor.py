@@ -58,6 +58,8 @@ TARGETS = (
     Target("lmcache.v1.cache_engine", "LMCacheEngine", "store", worker.on_store),
     Target(_DISK, "LocalDiskBackend", "batched_get_blocking", storage.on_stock_get),
     Target(_DISK, "LocalDiskBackend", "get_blocking", storage.on_stock_get),
+    Target(_DISK, "LocalDiskBackend", "batched_get_non_blocking",
+           storage.on_stock_get_non_blocking),
     Target(_DISK, "LocalDiskBackend", "read_file", storage.on_stock_read_file),
 )
 

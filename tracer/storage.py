@@ -2,7 +2,8 @@
 """Storage-read spans, children of kv.load: LMCache's stock disk backend and kvscope's own.
 
 Stock `LocalDiskBackend`: `batched_get_blocking` (and `get_blocking` for one key) becomes one
-span per batch; its `read_file` runs on the "disk-read" pool threads, which do not inherit our
+span per batch, and so does `batched_get_non_blocking` (async loading; held in
+tracer.async_reads until the request's load); its `read_file` runs on the "disk-read" pool threads, which do not inherit our
 context, so each read finds its batch by chunk key to report the threads (joined with the
 probes' block I/O by tid) and bytes. kvscope's parallel backend reports the same facts through
 its listener hooks (patched_backend/parallel_disk/hooks.py); `ParallelReadListener` turns each
@@ -15,14 +16,15 @@ import functools
 import os
 import threading
 import time
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from opentelemetry import context as otel_context
 
-from tracer import runtime, semconv, spans
+from tracer import async_reads, runtime, semconv, spans
 from tracer.worker import current
 
 STOCK_BACKEND = "lmcache-local-disk"
@@ -34,9 +36,36 @@ _inflight = [0]
 
 @dataclass
 class _Batch:
+    keys: list[Any]
+    inflight_at_submit: int = 0
     tids: set[int] = field(default_factory=set)
     bytes: int = 0
     reads: int = 0
+
+
+@contextmanager
+def _stock_batch(keys: list[Any]) -> Iterator[_Batch]:
+    """Lets the stock backend's read_file calls for `keys` report to one batch meanwhile."""
+    batch = _Batch(keys)
+    with _lock:
+        batch.inflight_at_submit = _inflight[0]
+        _by_key.update({k: batch for k in keys})
+    try:
+        yield batch
+    finally:
+        with _lock:
+            for k in keys:
+                _by_key.pop(k, None)
+
+
+def _stock_attributes(batch: _Batch, instance: Any) -> dict[str, Any]:
+    return {
+        semconv.READ_BYTES: batch.bytes, semconv.READ_CHUNKS: len(batch.keys),
+        semconv.READ_SUBREADS: batch.reads, semconv.READ_BACKEND: STOCK_BACKEND,
+        semconv.READ_DEVICE: device_of(getattr(instance, "path", "") or ""),
+        semconv.READ_INFLIGHT_AT_SUBMIT: batch.inflight_at_submit,
+        semconv.READER_TIDS: sorted(batch.tids),
+    }
 
 
 def on_stock_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -46,27 +75,33 @@ def on_stock_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return wrapped(*args, **kwargs)
     keys = args[0] if args else kwargs.get("keys", kwargs.get("key"))
     keys = list(keys) if isinstance(keys, (list, tuple)) else [keys]
-    batch = _Batch()
-    with _lock:
-        inflight = _inflight[0]
-        _by_key.update({k: batch for k in keys})
     marker = _in_batch.set(True)
     started = time.monotonic_ns()
     try:
-        result = wrapped(*args, **kwargs)
+        with _stock_batch(keys) as batch:
+            result = wrapped(*args, **kwargs)
     finally:
-        ended = time.monotonic_ns()
         _in_batch.reset(marker)
-        with _lock:
-            for k in keys:
-                _by_key.pop(k, None)
-    spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, started, ended, {
-        semconv.READ_BYTES: batch.bytes, semconv.READ_CHUNKS: len(keys),
-        semconv.READ_SUBREADS: batch.reads, semconv.READ_BACKEND: STOCK_BACKEND,
-        semconv.READ_DEVICE: device_of(getattr(instance, "path", "") or ""),
-        semconv.READ_INFLIGHT_AT_SUBMIT: inflight, semconv.READER_TIDS: sorted(batch.tids),
-    }, parent=otel_context.get_current())
+    spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, started,
+                 time.monotonic_ns(), _stock_attributes(batch, instance),
+                 parent=otel_context.get_current())
     return result
+
+
+def on_stock_get_non_blocking(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps LocalDiskBackend.batched_get_non_blocking(lookup_id, keys): async loading's reads,
+    made at lookup, before the request's trace reaches the worker (tracer.async_reads)."""
+    lookup_id = args[0] if args else kwargs.get("lookup_id")
+    keys = list(args[1] if len(args) > 1 else kwargs.get("keys", []))
+
+    async def traced() -> Any:
+        started = time.monotonic_ns()
+        with _stock_batch(keys) as batch:
+            result = await wrapped(*args, **kwargs)
+        async_reads.add(lookup_id, started, time.monotonic_ns(), _stock_attributes(batch, instance))
+        return result
+
+    return traced()
 
 
 def on_stock_read_file(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -92,48 +127,63 @@ class ParallelReadListener:
 
     A batch read ahead at lookup (`prefetch_on_lookup`) is submitted outside any request; it
     becomes a span of the request whose load claimed it, over the read's own times (from the
-    lookup, so usually before kv.load starts: a sibling of kv.load, not its child).
+    lookup, so usually before kv.load starts: a sibling of kv.load, not its child). A batch of
+    LMCache's async loading carries the lookup id and waits in tracer.async_reads for its load.
     """
 
     def __init__(self) -> None:
-        self._pending: dict[int, tuple[spans.RequestTrace, Any]] = {}
+        # batch id -> (request, parent context) for sync reads, or the async lookup id
+        self._pending: dict[int, tuple[spans.RequestTrace, Any] | str] = {}
         self._lock = threading.Lock()
 
     def on_read_submit(self, event: Any) -> None:
         request = current.get()  # the submit runs on the retrieving thread, inside kv.load
         if request is not None:
-            with self._lock:
-                self._pending[event.batch_id] = (request, otel_context.get_current())
+            owner: tuple[spans.RequestTrace, Any] | str = (request, otel_context.get_current())
+        elif event.path_kind == "async" and event.request_id:
+            owner = event.request_id
+        else:
+            return
+        with self._lock:
+            self._pending[event.batch_id] = owner
 
     def on_read_complete(self, event: Any) -> None:
         submit = event.submit
         with self._lock:
-            found = self._pending.pop(submit.batch_id, None)
-        if found is None:
+            owner = self._pending.pop(submit.batch_id, None)
+        if owner is None:
             return
-        request, parent = found
+        attributes = _parallel_attributes(
+            submit, event.ok_bytes, submit.chunk_count, event.reader_tids, event.failed_keys,
+            read_ahead=False)
+        attributes[semconv.READ_INFLIGHT_AT_SUBMIT] = submit.inflight_at_submit
+        if isinstance(owner, str):
+            async_reads.add(owner, submit.submit_ns, event.end_ns, attributes)
+            return
+        request, parent = owner
         spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, submit.submit_ns,
-                     event.end_ns, parent=parent, attributes={
-            semconv.READ_BYTES: event.ok_bytes, semconv.READ_CHUNKS: submit.chunk_count,
-            semconv.READ_SUBREADS: submit.sub_reads,
-            semconv.READ_BACKEND: f"kvscope-{submit.mode}",
-            semconv.READ_DEVICE: device_of(submit.backend_path),
-            semconv.READ_INFLIGHT_AT_SUBMIT: submit.inflight_at_submit,
-            semconv.READER_TIDS: list(event.reader_tids),
-            semconv.READ_FAILED_CHUNKS: len(event.failed_keys), semconv.READ_AHEAD: False})
+                     event.end_ns, attributes, parent=parent)
 
     def on_read_claim(self, event: Any) -> None:
         request = current.get()  # the claim runs on the retrieving thread, inside kv.load
         if request is None:
             return
         spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, event.submit_ns,
-                     event.end_ns, attributes={
-            semconv.READ_BYTES: event.bytes, semconv.READ_CHUNKS: len(event.keys),
-            semconv.READ_SUBREADS: event.sub_reads,
-            semconv.READ_BACKEND: f"kvscope-{event.mode}",
-            semconv.READ_DEVICE: device_of(event.backend_path),
-            semconv.READER_TIDS: list(event.reader_tids),
-            semconv.READ_FAILED_CHUNKS: len(event.failed_keys), semconv.READ_AHEAD: True})
+                     event.end_ns, _parallel_attributes(
+                         event, event.bytes, len(event.keys), event.reader_tids,
+                         event.failed_keys, read_ahead=True))
+
+
+def _parallel_attributes(event: Any, ok_bytes: int, chunks: int, reader_tids: tuple[int, ...],
+                         failed_keys: tuple[str, ...], read_ahead: bool) -> dict[str, Any]:
+    """Attributes of a kvscope-backend read span; `event` has backend_path, mode, sub_reads."""
+    return {
+        semconv.READ_BYTES: ok_bytes, semconv.READ_CHUNKS: chunks,
+        semconv.READ_SUBREADS: event.sub_reads, semconv.READ_BACKEND: f"kvscope-{event.mode}",
+        semconv.READ_DEVICE: device_of(event.backend_path),
+        semconv.READER_TIDS: list(reader_tids), semconv.READ_FAILED_CHUNKS: len(failed_keys),
+        semconv.READ_AHEAD: read_ahead,
+    }
 
 
 @functools.lru_cache(maxsize=64)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tracer import runtime, semconv, spans
+from tracer import async_reads, runtime, semconv, spans
 from tracer.scheduler import PAYLOAD_ATTR
 
 
@@ -64,6 +64,7 @@ def _traced_call(name: str, on_done: Callable[[Any, trace.Span], None] | None = 
         finally:
             current.reset(marker)
             otel_context.detach(token)
+            async_reads.flush(step.trace)  # reads made for this request's lookup, if any
         if on_done is not None and span.is_recording():
             on_done(result, span)
         spans.finish(rt, span, time.monotonic_ns())

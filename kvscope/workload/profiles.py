@@ -48,6 +48,12 @@ def _stock(threads: int | None) -> Callable[[Path], dict[str, Any]]:
     return build
 
 
+def _async_loading(build: Callable[[Path], dict[str, Any]]) -> Callable[[Path], dict[str, Any]]:
+    """LMCache's async loading: the worker reads a request's chunks when the scheduler looks it
+    up, and the request waits in the queue until they are in memory."""
+    return lambda kv_dir: {**build(kv_dir), "enable_async_loading": True}
+
+
 def _kvscope(mode: str, **knobs: Any) -> Callable[[Path], dict[str, Any]]:
     def build(kv_dir: Path) -> dict[str, Any]:
         from patched_backend.parallel_disk.profile import lmcache_settings
@@ -69,6 +75,10 @@ PROFILES: dict[str, Profile] = {
         Profile("kvscope-noprefetch", "kvscope's parallel reads, started only when the worker "
                 "loads (kvscope.prefetch_on_lookup off)",
                 _kvscope("parallel", prefetch_on_lookup=False)),
+        Profile("stock-async", "LMCache's stock disk backend with enable_async_loading",
+                _async_loading(_stock(None))),
+        Profile("kvscope-async", "kvscope's parallel reads with enable_async_loading",
+                _async_loading(_kvscope("parallel"))),
     )
 }
 

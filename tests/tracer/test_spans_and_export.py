@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from analysis import load_run
 from analysis.synthetic import make_run
 from kvscope.cli import main
-from tracer import semconv
+from analysis.otlp import read_span_files
+from tracer import async_reads, pipeline, runtime, semconv
 from tracer.perfetto import assign_lanes, chrome_trace
-from tracer.spans import client_request_id, context_from_headers, headers_from_context
+from tracer.spans import (RequestTrace, client_request_id, context_from_headers,
+                          headers_from_context)
 
 
 @pytest.mark.parametrize(("vllm_id", "client_id"), [
@@ -90,3 +92,27 @@ def test_export_commands_write_files_and_refuse_a_run_without_spans(synthetic_ru
     (empty / "spans").mkdir(parents=True)
     assert main(["export", "otlp", str(empty)]) == 2
     assert "has no span files" in capsys.readouterr().err
+
+
+def test_async_loading_reads_wait_for_their_request_and_are_bounded(tmp_path, monkeypatch):
+    """tracer.async_reads: held per lookup id (vLLM's request id) until that request's load."""
+    monkeypatch.setenv(pipeline.ENV_SPANS_DIR, str(tmp_path))
+    monkeypatch.setenv(runtime.ENV_OFFSET, "0")
+    monkeypatch.setattr(runtime, "_state", {})  # a runtime of this test's own
+    monkeypatch.setattr(async_reads, "LIMIT", 2)
+    ids = [f"cmpl-r{i}-0-0123abcd" for i in range(3)]
+    for i, vllm_id in enumerate(ids):
+        async_reads.add(vllm_id, 1_000 + i, 5_000 + i, {semconv.READ_CHUNKS: i})
+    assert async_reads.held() == 2, "the oldest lookup is dropped beyond the limit"
+
+    parent = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    for vllm_id in ids:
+        async_reads.flush(RequestTrace.from_headers(parent, vllm_id))
+    assert async_reads.held() == 0
+    runtime.get().pipeline.shutdown()
+
+    spans, _ = read_span_files(sorted(tmp_path.glob("*.json")), offset_ns=0)
+    assert sorted(zip(spans["request_id"], spans["start_ns"], spans["end_ns"])) == [
+        ("r1", 1_001, 5_001), ("r2", 1_002, 5_002)]
+    assert set(spans["name"]) == {semconv.SPAN_STORAGE_READ}
+    assert set(spans["parent_span_id"]) == {"b7ad6b7169203331"}

@@ -108,6 +108,28 @@ def test_reads_ahead_at_lookup_are_spans_of_the_request_that_claimed_them(tmp_pa
     assert (cold["storage_read_ns"] + cold["hidden_storage_read_ns"] > 0).all()
 
 
+@pytest.mark.root
+@pytest.mark.parametrize("profile", ["stock-async", "kvscope-async"])
+def test_async_loading_reads_are_spans_of_the_request_they_were_made_for(
+        tmp_path, monkeypatch, profile):
+    """LMCache reads at lookup, keyed by vLLM's request id, before the worker knows the trace."""
+    run = _run(tmp_path, monkeypatch, {}, ["warm", "cold"], profile=profile)
+    loaded = analysis.load_run(run)
+    requests, spans = loaded.requests, loaded.spans
+    cold = requests[requests["phase"] == "cold"]
+    assert (cold["cached_tokens"] >= 512).all(), "async loading served the cold hits"
+    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
+    assert set(reads["request_id"]) == set(cold["request_id"])
+    for rid, own in reads.groupby("request_id"):
+        attrs = list(own["attributes"])
+        assert sum(a[semconv.READ_CHUNKS] for a in attrs) == 600 // 256, rid
+        assert all(a[semconv.READ_BYTES] > 0 and a[semconv.READER_TIDS] for a in attrs), rid
+    _assert_children_nest_in_parents(spans)
+    attribution = analysis.attribute(loaded)
+    attribution = attribution[attribution["phase"] == "cold"]
+    assert (attribution["storage_read_ns"] > 0).all()
+
+
 def test_collector_down_serving_goes_on_and_loss_is_counted(tmp_path, monkeypatch):
     run = _run(tmp_path, monkeypatch, {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_tcp_port()}",
