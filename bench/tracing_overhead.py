@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/tracing_overhead.py [--repeats 2] [--requests 48] [--phases warm,cold]
 
-Runs the same `kvscope run` workload (tiny twin, stock backend, probes off) alternately with
+Runs the same `kvscope run` workload (tiny twin by default, stock backend, probes off) alternately with
 `--no-tracing` and `--tracing`, `--repeats` times each, so slow drift of the shared machine
 hits both sides alike. Prints per phase the pooled TTFT median and p90 of each side, the
 on/off ratio of the medians, and the spans written per request. `cold` needs root (it drops
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(tmp) / f"r{i}-{'on' if tracing else 'off'}"
                 frames.append(_one(out, tracing, args))
     table = pd.concat(frames, ignore_index=True)
-    print(f"tiny twin, concurrency {args.concurrency}, {args.requests} requests per phase, "
+    print(f"{args.model} twin, concurrency {args.concurrency}, {args.requests} requests per phase, "
           f"{args.repeats} runs per side, alternating")
     for phase, rows in table.groupby("phase"):
         ttft = rows.groupby("tracing")["ttft_s"]
