@@ -19,7 +19,7 @@ def find(run: Run, attribution: pd.DataFrame, summary: dict[str, Any]) -> list[F
     """Every finding for the run, most severe first."""
     found: list[Finding] = []
     for rule in (_input_problems, _partial_rows, _unmatched_spans, _cache_misses, _vllm_queue,
-                 _batch_wait, _storage_bound):
+                 _batch_wait, _storage_bound, _disk_backend):
         found += rule(run, attribution, summary)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f["severity"]])
@@ -144,3 +144,35 @@ def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[F
             out.append(_finding("storage-bound", "info", f"{where}; {device / read:.0%} in the "
                                 "device"))
     return out
+
+
+def _disk_backend(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    """Chunk files the kvscope backend refused, and reads ahead no load claimed, per phase
+    (manifest.tracer.disk_backend_by_phase: cumulative counters at each phase's end)."""
+    found: list[Finding] = []
+    before: dict[str, Any] = {}
+    for phase, now in run.manifest.get("tracer", {}).get("disk_backend_by_phase", {}).items():
+        def grew(name: str) -> int:
+            return int(now.get(name, 0)) - int(before.get(name, 0))
+
+        refused = grew("corrupt_chunks")
+        if refused > 0:
+            was = before.get("corrupt_by_reason", {})
+            reasons = ", ".join(f"{count - was.get(reason, 0)} {reason}"
+                                for reason, count in now.get("corrupt_by_reason", {}).items()
+                                if count > was.get(reason, 0))
+            found.append(_finding(
+                "refused-chunks", "warning",
+                f"{phase}: the kvscope disk backend refused {refused} chunk files ({reasons}); "
+                "their tokens were recomputed, never served. Check the disk and the server log "
+                "(the files are kept as *.corrupt next to the chunks)"))
+        unclaimed = grew("prefetch_unclaimed")
+        if unclaimed > 0:
+            found.append(_finding(
+                "unclaimed-read-ahead", "info",
+                f"{phase}: {unclaimed} chunks read ahead at lookup (of {grew('prefetch_reads')} "
+                "started) were released without a load claiming them: device time spent for "
+                "nothing (requests aborted or never scheduled, or kvscope.prefetch_timeout_s "
+                "shorter than their wait)"))
+        before = now
+    return found

@@ -26,13 +26,12 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
-from tracer import frontend, scheduler, storage, worker
+from tracer import frontend, pipeline, scheduler, storage, worker
 from tracer.package import _instruments
 
 logger = logging.getLogger(__name__)
 _VLLM_KV = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector"
 _DISK = "lmcache.v1.storage_backend.local_disk_backend"
-_HOOKS = "patched_backend.parallel_disk.hooks"
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ def _apply(module: ModuleType) -> None:
                                target.module, target.owner, target.method)
                 continue
             wrap(owner, target.method, target.wrapper)
-    if module.__name__ == _HOOKS:
+    if module.__name__ == pipeline.DISK_HOOKS:
         module.add_listener(_listener)
 
 
@@ -111,7 +110,7 @@ class KvscopeInstrumentor(BaseInstrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         _state["active"] = True
-        modules = {t.module for t in (*TARGETS, _RETRIEVE)} | {_HOOKS}
+        modules = {t.module for t in (*TARGETS, _RETRIEVE)} | {pipeline.DISK_HOOKS}
         for name in sorted(modules):
             if name in sys.modules:
                 _apply(sys.modules[name])
@@ -124,7 +123,7 @@ class KvscopeInstrumentor(BaseInstrumentor):
         while _wrapped:
             owner, method = _wrapped.pop()
             unwrap(owner, method)
-        hooks = sys.modules.get(_HOOKS)
+        hooks = sys.modules.get(pipeline.DISK_HOOKS)
         if hooks is not None:
             hooks.remove_listener(_listener)
         scheduler.forget_all()

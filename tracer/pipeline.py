@@ -16,6 +16,7 @@ import collections
 import json
 import logging
 import os
+import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 ENV_SPANS_DIR = "KVSCOPE_SPANS_DIR"
 FILE_FLUSH_MS = 200  # a killed worker loses at most this much of its spans
 STATS_DIR = "stats"  # RUN/spans/stats/<prefix>-<pid>.json, never *.json in spans/ itself
+DISK_HOOKS = "patched_backend.parallel_disk.hooks"  # kvscope's disk backend, if this process has it
 
 
 @dataclass
@@ -179,7 +181,8 @@ class Pipeline:
             self.stats_path.parent.mkdir(parents=True, exist_ok=True)
             temporary = self.stats_path.with_suffix(".tmp")
             temporary.write_text(json.dumps({"exporters": self.exporters,
-                                             **self.counters.as_dict()}))
+                                             **self.counters.as_dict(),
+                                             "disk_backends": disk_backend_stats()}))
             os.replace(temporary, self.stats_path)
         except OSError as e:
             logger.warning("kvscope tracer: cannot write %s: %s", self.stats_path, e)
@@ -193,6 +196,19 @@ class Pipeline:
     def shutdown(self) -> None:
         self.provider.shutdown()
         self.write_stats()
+
+
+def disk_backend_stats() -> list[dict]:
+    """Counters of the kvscope disk backends alive in this process, written with the exporters'
+    so `kvscope run` can report reads, refusals and read-ahead per phase. Imports nothing."""
+    hooks = sys.modules.get(DISK_HOOKS)
+    if hooks is None:
+        return []
+    try:
+        return [backend.stats() for backend in hooks.live_backends()]
+    except Exception:  # telemetry never breaks the exporter thread
+        logger.warning("kvscope tracer: disk backend stats unavailable", exc_info=True)
+        return []
 
 
 def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) -> Pipeline:

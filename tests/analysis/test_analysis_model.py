@@ -68,3 +68,22 @@ def test_measured_ceiling_decides_saturation(ceiling_bytes_per_s, finding):
     found = {f["id"]: f["message"] for f in summary["findings"]}
     assert finding in found
     assert "of the device ceiling measured in this run" in found[finding]
+
+
+def test_disk_backend_counters_give_refusal_and_read_ahead_findings_per_phase():
+    run = _storage_heavy(8, True)
+    counters = {"corrupt_chunks": 0, "corrupt_by_reason": {}, "prefetch_reads": 16,
+                "prefetch_unclaimed": 0}
+    run.manifest["tracer"] = {"disk_backend_by_phase": {
+        "warm": counters,
+        "cold-c1": {**counters, "corrupt_chunks": 2, "corrupt_by_reason": {"checksum": 2},
+                    "prefetch_reads": 40, "prefetch_unclaimed": 3},
+        "cold-c8": {**counters, "corrupt_chunks": 2, "corrupt_by_reason": {"checksum": 2},
+                    "prefetch_reads": 72, "prefetch_unclaimed": 3},
+    }}
+    found = [(f["id"], f["message"]) for f in summarize(run, attribute(run))["findings"]
+             if f["id"] in ("refused-chunks", "unclaimed-read-ahead")]
+    assert [(i, m.split(":")[0]) for i, m in found] == [("refused-chunks", "cold-c1"),
+                                                         ("unclaimed-read-ahead", "cold-c1")]
+    assert "refused 2 chunk files (2 checksum)" in found[0][1]
+    assert "3 chunks read ahead at lookup (of 24 started)" in found[1][1]

@@ -100,6 +100,13 @@ def test_reads_ahead_at_lookup_are_spans_of_the_request_that_claimed_them(tmp_pa
         chunks[read.request_id] += attrs[semconv.READ_CHUNKS]
     assert set(chunks.values()) == {600 // 256}, "every full chunk was read ahead and claimed"
     _assert_children_nest_in_parents(spans)
+    # the backend's own counters, per phase, agree with the spans
+    by_phase = rundir.read_manifest(run)["tracer"]["disk_backend_by_phase"]
+    assert list(by_phase) == ["warm", "cold"]
+    assert by_phase["warm"]["read_hits"] == 0
+    cold = by_phase["cold"]
+    assert cold["read_hits"] == cold["prefetch_claimed"] == REQUESTS * (600 // 256)
+    assert cold["corrupt_chunks"] == 0
 
     attribution = analysis.attribute(loaded)
     cold = attribution[attribution["phase"] == "cold"]
