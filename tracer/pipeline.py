@@ -173,6 +173,7 @@ class Pipeline:
     exporters: list[str]
     stats_path: Path | None
     file_processor: BatchSpanProcessor | None = None
+    report_disk_backends: bool = False  # the serving processes' pipelines, not the client's
 
     def write_stats(self) -> None:
         if self.stats_path is None:
@@ -182,7 +183,8 @@ class Pipeline:
             temporary = self.stats_path.with_suffix(".tmp")
             temporary.write_text(json.dumps({"exporters": self.exporters,
                                              **self.counters.as_dict(),
-                                             "disk_backends": disk_backend_stats()}))
+                                             "disk_backends": disk_backend_stats()
+                                             if self.report_disk_backends else []}))
             os.replace(temporary, self.stats_path)
         except OSError as e:
             logger.warning("kvscope tracer: cannot write %s: %s", self.stats_path, e)
@@ -211,14 +213,16 @@ def disk_backend_stats() -> list[dict]:
         return []
 
 
-def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) -> Pipeline:
-    """A provider exporting where `env` (default os.environ) says; see the module docstring."""
+def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None,
+          report_disk_backends: bool = False) -> Pipeline:
+    """A provider exporting where `env` (default os.environ) says; see the module docstring.
+    `report_disk_backends`: also write this process's disk backend counters with the stats."""
     env = os.environ if env is None else env
     counters = Counters()
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name),
                                 "process.pid": os.getpid()})
     provider = TracerProvider(resource=resource)
-    pipeline = Pipeline(provider, counters, [], None)
+    pipeline = Pipeline(provider, counters, [], None, report_disk_backends=report_disk_backends)
     spans_dir = env.get(ENV_SPANS_DIR)
     if spans_dir:
         files = CountingExporter("file", OtlpJsonFileExporter(spans_dir, prefix), counters)

@@ -40,12 +40,13 @@ def clock_offset_ns() -> int:
 
 
 def get(service_name: str = "kvscope-vllm", prefix: str = "vllm") -> "Runtime":
-    """This process's Runtime, built on the first call in each process."""
+    """This process's Runtime (a serving process: vLLM's), built on the first call in each."""
     pid = os.getpid()
     with _lock:
         runtime = _state.get("runtime")
         if not isinstance(runtime, Runtime) or runtime.pid != pid:
-            runtime = Runtime(pipeline.build(service_name, prefix), clock_offset_ns())
+            runtime = Runtime(pipeline.build(service_name, prefix, report_disk_backends=True),
+                              clock_offset_ns())
             _state["runtime"] = runtime
             atexit.register(runtime.pipeline.shutdown)
         return runtime
