@@ -2,6 +2,7 @@
 """Fixtures of the backend tests (helpers live in backend_support.py)."""
 
 # Standard
+from collections import defaultdict
 from typing import Any, Callable, Iterator
 import random
 
@@ -11,6 +12,7 @@ import torch
 
 # First Party
 from backend_support import Harness
+from patched_backend.parallel_disk import hooks
 
 
 @pytest.fixture(autouse=True)
@@ -32,3 +34,24 @@ def harness(tmp_path: Any) -> Iterator[Callable[..., Harness]]:
     yield make
     for h in made:
         h.close()
+
+
+class _Recorder:
+    """A listener that keeps every event it is sent, by method name (``on_read_submit``...)."""
+
+    def __init__(self) -> None:
+        self.by_kind: defaultdict[str, list[Any]] = defaultdict(list)
+
+    def __getattr__(self, name: str) -> Callable[[Any], None]:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return self.by_kind[name].append
+
+
+@pytest.fixture
+def events() -> Iterator[defaultdict[str, list[Any]]]:
+    """Every hook event of the test, by method name."""
+    recorder = _Recorder()
+    hooks.add_listener(recorder)
+    yield recorder.by_kind
+    hooks.remove_listener(recorder)

@@ -10,7 +10,6 @@ import pytest
 
 # First Party
 from backend_support import assert_exact, key
-from patched_backend.parallel_disk import hooks
 
 MODES = [
     pytest.param({"kvscope.read_unit": "64KiB", "kvscope.queue_depth": 8}, id="parallel"),
@@ -35,35 +34,20 @@ def test_64_concurrent_batched_gets_are_exact(harness, knobs):
     assert h.backend.stats()["reads_in_flight"] == 0
 
 
-class _Recorder:
-    def __init__(self):
-        self.submits, self.completes = [], []
-
-    def on_read_submit(self, event):
-        self.submits.append(event)
-
-    def on_read_complete(self, event):
-        self.completes.append(event)
-
-
-def test_async_prefetches_through_lmcache_serializer_overlap(harness):
+def test_async_prefetches_through_lmcache_serializer_overlap(harness, events):
     """StorageManager's AsyncSingleSerializer lock serialises only the waiting, not the reads."""
     h = harness(enable_async_loading=True, **{"kvscope.read_delay_ms": 300})
     h.put(list(range(8)))
-    recorder = _Recorder()
-    hooks.add_listener(recorder)
-    try:
-        results = asyncio.run_coroutine_threadsafe(_prefetch_all(h), h.manager.loop).result(60)
-    finally:
-        hooks.remove_listener(recorder)
+    results = asyncio.run_coroutine_threadsafe(_prefetch_all(h), h.manager.loop).result(60)
     for i, objs in enumerate(results):
         assert len(objs) == 1
         objs[0].unpin()
         assert_exact(objs, [i])
-    assert len(recorder.submits) == 8 and len(recorder.completes) == 8
-    assert {e.request_id for e in recorder.submits} == {f"lookup-{i}" for i in range(8)}
+    submits, completes = events["on_read_submit"], events["on_read_complete"]
+    assert len(submits) == 8 and len(completes) == 8
+    assert {e.request_id for e in submits} == {f"lookup-{i}" for i in range(8)}
     # every batch was submitted before the first one finished its 300 ms read
-    assert max(e.submit_ns for e in recorder.submits) < min(c.end_ns for c in recorder.completes)
+    assert max(e.submit_ns for e in submits) < min(c.end_ns for c in completes)
 
 
 async def _prefetch_all(h):

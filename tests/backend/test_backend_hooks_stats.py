@@ -17,32 +17,21 @@ from patched_backend.parallel_disk.config import from_extra_config, parse_size
 CHUNK_BYTES = 2 * 4 * 256 * 128 * 2  # the test geometry's payload
 
 
-class _Events:
-    def __init__(self):
-        self.by_kind = {}
-
-    def __getattr__(self, name):
-        if not name.startswith("on_"):
-            raise AttributeError(name)
-        return lambda event: self.by_kind.setdefault(name, []).append(event)
-
-
 class _Broken:
     def on_read_submit(self, event):
         raise RuntimeError("listener bug")
 
 
 @pytest.fixture
-def events():
-    recorder, broken = _Events(), _Broken()
-    hooks.add_listener(broken)
-    hooks.add_listener(recorder)
-    yield recorder.by_kind
-    hooks.remove_listener(recorder)
-    hooks.remove_listener(broken)
+def broken():
+    listener = _Broken()
+    hooks.add_listener(listener)
+    yield listener
+    hooks.remove_listener(listener)
 
 
-def test_listeners_see_reads_and_stores_and_a_broken_one_changes_nothing(harness, events):
+def test_listeners_see_reads_and_stores_and_a_broken_one_changes_nothing(harness, broken,
+                                                                         events):
     h = harness(**{"kvscope.read_unit": "128KiB", "kvscope.queue_depth": 4})
     h.put([0, 1, 2])
     with hooks.request_context("req-42"):

@@ -52,33 +52,16 @@ def settled(h):
             and stats["reads_in_flight"] == 0)
 
 
-class _Kinds:
-    def __init__(self):
-        self.submits, self.claims = [], []
-
-    def on_read_submit(self, event):
-        self.submits.append(event)
-
-    def on_read_claim(self, event):
-        self.claims.append(event)
-
-    def chunks(self, kind):
-        return sum(e.chunk_count for e in self.submits if e.path_kind == kind)
+def chunks(events, kind):
+    """Chunks submitted for reading on the ``kind`` path (sync, async, prefetch)."""
+    return sum(e.chunk_count for e in events["on_read_submit"] if e.path_kind == kind)
 
 
-@pytest.fixture
-def kinds():
-    recorder = _Kinds()
-    hooks.add_listener(recorder)
-    yield recorder
-    hooks.remove_listener(recorder)
-
-
-def test_off_lookup_reads_nothing(harness, kinds):
+def test_off_lookup_reads_nothing(harness, events):
     h = harness(**{"kvscope.prefetch_on_lookup": False})
     h.put(list(range(4)))
     assert lookup(h, range(4)) == 4
-    assert kinds.chunks("prefetch") == 0 and h.backend.stats()["prefetch_reads"] == 0
+    assert chunks(events, "prefetch") == 0 and h.backend.stats()["prefetch_reads"] == 0
     assert_exact(h.get(list(range(4))), list(range(4)))
     unpin(h, range(4))
 
@@ -91,7 +74,7 @@ def test_on_in_parallel_mode_off_in_serial_mode(tmp_path):
         from_extra_config({**base, "kvscope.mode": "serial", "kvscope.prefetch_on_lookup": True})
 
 
-def test_bit_exact_through_prefetch_without_a_second_read(harness, kinds):
+def test_bit_exact_through_prefetch_without_a_second_read(harness, events):
     h = harness(**ON)
     h.put(list(range(8)))
     baseline = allocated(h)
@@ -101,30 +84,30 @@ def test_bit_exact_through_prefetch_without_a_second_read(harness, kinds):
     unpin(h, range(8))
     stats = h.backend.stats()
     assert stats["prefetch_claimed"] == 8 and stats["read_hits"] == 8
-    assert kinds.chunks("prefetch") == 8 and kinds.chunks("sync") == 0
+    assert chunks(events, "prefetch") == 8 and chunks(events, "sync") == 0
     assert settled(h) and allocated(h) == baseline
     assert all(h.backend._index.get(key(i)).pins == 0 for i in range(8))
 
 
-def test_each_claim_is_reported_to_the_request_that_took_it(harness, kinds):
+def test_each_claim_is_reported_to_the_request_that_took_it(harness, events):
     """The tracer gives a read ahead to the request whose get waited for it."""
     h = harness(**ON)
     h.put(list(range(6)))
     assert lookup(h, range(6)) == 6
     wait_for(lambda: h.backend.stats()["prefetch_reads"] == 6)
-    (ahead,) = [e for e in kinds.submits if e.path_kind == "prefetch"]
+    (ahead,) = [e for e in events["on_read_submit"] if e.path_kind == "prefetch"]
     assert ahead.request_id is None  # submitted by the lookup, outside any request
     for request, indices in (("req-a", [0, 1, 2]), ("req-b", [3, 4, 5])):
         with hooks.request_context(request):
             assert_exact(h.get(indices), indices)
     unpin(h, range(6))
-    assert [(c.request_id, c.keys) for c in kinds.claims] == [
+    assert [(c.request_id, c.keys) for c in events["on_read_claim"]] == [
         ("req-a", ahead.keys[:3]), ("req-b", ahead.keys[3:])]
-    for claim in kinds.claims:
+    for claim in events["on_read_claim"]:
         assert claim.bytes == 3 * CHUNK_BYTES and claim.failed_keys == ()
         assert claim.submit_ns == ahead.submit_ns < claim.end_ns
         assert claim.submit_ns < claim.claim_ns and claim.reader_tids
-    assert kinds.chunks("sync") == 0
+    assert chunks(events, "sync") == 0
 
 
 def test_claimed_and_unclaimed_memory_released(harness):
@@ -156,7 +139,7 @@ def test_unclaimed_read_released_after_timeout(harness):
     unpin(h, [0, 1])
 
 
-def test_corrupt_prefetched_chunk_is_a_miss(harness, kinds):
+def test_corrupt_prefetched_chunk_is_a_miss(harness, events):
     h = harness(**ON)
     h.put(list(range(4)))
     with open(chunk_path(h.backend.path, 2), "r+b") as f:
@@ -170,7 +153,7 @@ def test_corrupt_prefetched_chunk_is_a_miss(harness, kinds):
     assert objs[2] is None and objs[3] is None
     assert_exact(objs[:2], [0, 1])
     unpin(h, range(4))
-    (claim,) = kinds.claims
+    (claim,) = events["on_read_claim"]
     assert claim.failed_keys == (claim.keys[2],) and claim.bytes == 3 * CHUNK_BYTES
     wait_for(lambda: settled(h))
     assert h.backend.stats()["corrupt_by_reason"] == {"checksum": 1}
@@ -191,7 +174,7 @@ def test_removed_while_prefetching_is_a_miss(harness):
     assert allocated(h) == baseline
 
 
-def test_replaced_while_prefetching_is_read_again(harness, kinds):
+def test_replaced_while_prefetching_is_read_again(harness, events):
     h = harness(**ON, **{"kvscope.read_delay_ms": 200})
     h.put([0, 1])
     assert lookup(h, [0, 1]) == 2
@@ -204,7 +187,7 @@ def test_replaced_while_prefetching_is_read_again(harness, kinds):
     assert_exact(h.get([0, 1]), [0, 1])
     unpin(h, [0, 1])
     wait_for(lambda: settled(h))
-    assert kinds.chunks("sync") == 1  # the stale read ahead was not served
+    assert chunks(events, "sync") == 1  # the stale read ahead was not served
     assert h.backend.stats()["prefetch_unclaimed"] == 1
 
 
