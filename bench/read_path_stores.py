@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers of bench/read_path.py: chunk sets and LMCache stores per backend path (the raw ceiling reader is kvscope.ceiling)."""
+"""Helpers of bench/read_path.py: chunk sets and LMCache stores per backend path.
+
+The raw device-ceiling reader is kvscope.ceiling."""
 
 # Standard
 from dataclasses import dataclass

@@ -3,11 +3,12 @@
 
 Stock `LocalDiskBackend`: `batched_get_blocking` (and `get_blocking` for one key) becomes one
 span per batch, and so does `batched_get_non_blocking` (async loading; held in
-tracer.async_reads until the request's load); its `read_file` runs on the "disk-read" pool threads, which do not inherit our
-context, so each read finds its batch by chunk key to report the threads (joined with the
-probes' block I/O by tid) and bytes. kvscope's parallel backend reports the same facts through
-its listener hooks (patched_backend/parallel_disk/hooks.py); `ParallelReadListener` turns each
-submit/complete pair into a span whose times are the backend's own stamps.
+tracer.async_reads until the request's load). Its `read_file` runs on the "disk-read" pool
+threads, which do not inherit our context, so each read finds its batch by chunk key to report
+the threads (joined with the probes' block I/O by tid) and bytes. kvscope's parallel backend
+reports the same facts through its listener hooks (patched_backend/parallel_disk/hooks.py);
+`ParallelReadListener` turns each submit/complete pair into a span whose times are the
+backend's own stamps.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def on_stock_get_non_blocking(wrapped: Any, instance: Any, args: tuple, kwargs: 
         started = time.monotonic_ns()
         with _stock_batch(keys) as batch:
             result = await wrapped(*args, **kwargs)
-        async_reads.add(lookup_id, started, time.monotonic_ns(), _stock_attributes(batch, instance))
+        async_reads.add(lookup_id, started, time.monotonic_ns(),
+                        _stock_attributes(batch, instance))
         return result
 
     return traced()
