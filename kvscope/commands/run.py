@@ -63,7 +63,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from kvscope.workload.profiles import PROFILES
     from kvscope.workload.runner import RunOptions
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
