@@ -153,6 +153,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         keys = list(keys)
         claim_ns = time.monotonic_ns()
         taken: dict[Hashable, Prefetched] = {}
+        # Claims are matched by key, so a get naming a key twice reads everything itself.
         if self._prefetch is not None and len(set(keys)) == len(keys):
             taken = self._prefetch.take(keys)
         request_id = hooks.current_request_id()
