@@ -26,11 +26,13 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
-from tracer import frontend, pipeline, scheduler, storage, worker
+from tracer import failsafe, frontend, pipeline, scheduler, storage, worker
 from tracer.package import _instruments
 
 logger = logging.getLogger(__name__)
-_VLLM_KV = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector"
+_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
+_OUTPUTS = "vllm.v1.engine.output_processor"
+_TRANSFER_STATE = "vllm.distributed.kv_transfer.kv_transfer_state"
 _DISK = "lmcache.v1.storage_backend.local_disk_backend"
 
 
@@ -43,17 +45,15 @@ class Target:
 
 
 TARGETS = (
-    Target("vllm.v1.engine.async_llm", "AsyncLLM", "add_request", frontend.keep_trace_headers),
+    Target("vllm.v1.engine.async_llm", "AsyncLLM", "add_request", frontend.on_add_request),
     Target("vllm.v1.engine.input_processor", "InputProcessor", "assign_request_id",
-           frontend.restore_trace_headers),
+           frontend.on_assign_request_id),
+    Target(_OUTPUTS, "OutputProcessor", "process_outputs", frontend.on_process_outputs),
+    Target(_OUTPUTS, "OutputProcessor", "abort_requests", frontend.on_abort_requests),
     Target("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", scheduler.on_add_request),
     Target("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", scheduler.on_schedule),
     Target("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output",
            scheduler.on_update_from_output),
-    Target(_VLLM_KV, "LMCacheConnectorV1", "get_num_new_matched_tokens", scheduler.on_lookup),
-    Target(_VLLM_KV, "LMCacheConnectorV1", "bind_connector_metadata", worker.on_bind),
-    Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward",
-           worker.on_forward),
     Target("lmcache.v1.cache_engine", "LMCacheEngine", "store", worker.on_store),
     Target(_DISK, "LocalDiskBackend", "batched_get_blocking", storage.on_stock_get),
     Target(_DISK, "LocalDiskBackend", "get_blocking", storage.on_stock_get),
@@ -69,10 +69,12 @@ _listener = storage.ParallelReadListener()
 
 
 def wrap(owner: type, method: str, wrapper: Callable[..., Any]) -> None:
-    """Wrap `owner.method` once (a second call for the same pair does nothing)."""
+    """Wrap `owner.method` once (a second call for the same pair does nothing), guarded so
+    no kvscope error reaches vLLM (tracer/failsafe.py)."""
     if (owner, method) in _wrapped or not _state["active"]:
         return
-    wrapt.wrap_function_wrapper(owner, method, wrapper)
+    wrapt.wrap_function_wrapper(owner, method,
+                                failsafe.guard(f"{owner.__name__}.{method}", wrapper))
     _wrapped.append((owner, method))
 
 
@@ -86,11 +88,40 @@ def _on_retrieve(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 _RETRIEVE = Target("lmcache.v1.cache_engine", "LMCacheEngine", "retrieve", _on_retrieve)
 
+# The KV connector interface (KVConnectorBase_V1) both model runners call, by role. Wrapped on
+# the class of whatever connector vLLM creates (LMCacheConnectorV1, MultiConnector, ...), so
+# kvscope needs no change to the user's --kv-transfer-config.
+SCHEDULER_HOOKS = {"get_num_new_matched_tokens": scheduler.on_lookup}
+WORKER_HOOKS = {"bind_connector_metadata": worker.on_bind,
+                "start_load_kv": worker.on_start_load_kv,
+                "finish_forward": worker.on_forward_done,
+                "wait_for_save": worker.on_forward_done}
+
+
+def instrument_connector(connector: Any) -> None:
+    """Wrap the interface methods of `connector`'s class for its role (scheduler or worker)."""
+    role = getattr(getattr(connector, "role", None), "name", "")
+    hooks = {"SCHEDULER": SCHEDULER_HOOKS, "WORKER": WORKER_HOOKS}.get(role, {})
+    for method, hook in hooks.items():
+        if hasattr(connector, method):
+            wrap(type(connector), method, hook)
+
+
+def _on_create_connector(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """KVConnectorFactory.create_connector: the connector it returns gets its hooks."""
+    connector = wrapped(*args, **kwargs)
+    instrument_connector(connector)
+    return connector
+
+
+_CONNECTOR = Target(_FACTORY, "KVConnectorFactory", "create_connector", _on_create_connector)
+_OWN = (_RETRIEVE, _CONNECTOR)  # targets whose wrappers live here
+
 
 def _apply(module: ModuleType) -> None:
     if not _state["active"]:
         return
-    for target in (*TARGETS, _RETRIEVE):
+    for target in (*TARGETS, *_OWN):
         if target.module == module.__name__:
             owner = getattr(module, target.owner, None)
             if owner is None or not hasattr(owner, target.method):
@@ -110,13 +141,16 @@ class KvscopeInstrumentor(BaseInstrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         _state["active"] = True
-        modules = {t.module for t in (*TARGETS, _RETRIEVE)} | {pipeline.DISK_HOOKS}
+        modules = {t.module for t in (*TARGETS, *_OWN)} | {pipeline.DISK_HOOKS}
         for name in sorted(modules):
             if name in sys.modules:
                 _apply(sys.modules[name])
             if name not in _hooked:
                 _hooked.add(name)
                 wrapt.register_post_import_hook(_apply, name)
+        transfer = sys.modules.get(_TRANSFER_STATE)
+        if transfer is not None and transfer.has_kv_transfer_group():
+            instrument_connector(transfer.get_kv_transfer_group())  # made before instrument()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _state["active"] = False
@@ -126,6 +160,7 @@ class KvscopeInstrumentor(BaseInstrumentor):
         hooks = sys.modules.get(pipeline.DISK_HOOKS)
         if hooks is not None:
             hooks.remove_listener(_listener)
+        frontend.forget_all()
         scheduler.forget_all()
         worker.forget_all()
 
