@@ -6,6 +6,8 @@ queue span runs from the scheduler receiving the request to the start of the `sc
 that first admits it (vLLM's own `scheduled_ts`). After each `schedule()`, the headers of every
 request still in prefill ride to the worker on the step's KV-connector metadata (attribute
 PAYLOAD_ATTR), so worker spans join the same trace: the context crosses processes in-band.
+The payload also says whether the step has synchronous KV loads, which is what tells the worker
+whether `start_load_kv` runs before the forward or after it (both model runners).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 from tracer import runtime, semconv, spans
 
 logger = logging.getLogger(__name__)
-PAYLOAD_ATTR = "kvscope_trace"  # {vllm request id: {"h": headers, "p": prefill tokens}}
+PAYLOAD_ATTR = "kvscope_trace"  # {"requests": {vllm id: {"h": headers, "p": prefill tokens}},
+#                                  "sync_loads": the step's has_sync_kv_loads}
 MAX_LIVE = 8192  # requests aborted before their first token are forgotten beyond this
 
 
@@ -67,14 +70,16 @@ def _attach_payload(scheduler: Any, output: Any) -> None:
     metadata = getattr(output, "kv_connector_metadata", None)
     if metadata is None:
         return
-    payload = {}
+    requests = {}
     for rid, scheduled in output.num_scheduled_tokens.items():
         live, request = _live.get(rid), scheduler.requests.get(rid)
         if live is None or request is None:
             continue
         before = request.num_computed_tokens - scheduled
         prefill = max(0, min(request.num_prompt_tokens, before + scheduled) - before)
-        payload[rid] = {"h": live.headers, "p": prefill}
+        requests[rid] = {"h": live.headers, "p": prefill}
+    payload = {"requests": requests,
+               "sync_loads": bool(getattr(output, "has_sync_kv_loads", False))}
     try:
         setattr(metadata, PAYLOAD_ATTR, payload)
     except AttributeError:

@@ -6,6 +6,8 @@ our own lives under `kvscope.`, lower_snake, with the unit in the name.
 
 # Span names, from the client's request down to the device read.
 SPAN_CLIENT_REQUEST = "kvscope.client.request"  # root: client send -> last token (client clock)
+SPAN_SERVER_REQUEST = "kvscope.server.request"  # API server: add_request -> finished (root if
+# the caller sent no traceparent); event EVENT_FIRST_TOKEN when the first token came out
 SPAN_QUEUE = "kvscope.queue"  # arrival in vLLM -> first scheduled
 SPAN_KV_LOOKUP = "kvscope.kv.lookup"  # scheduler asks LMCache how many tokens it holds
 SPAN_KV_LOAD = "kvscope.kv.load"  # worker loads the hit tokens (parent of reads and transfers)
@@ -14,11 +16,13 @@ SPAN_KV_TRANSFER = "kvscope.kv.transfer"  # copy into the paged KV cache (H2D on
 SPAN_PREFILL = "kvscope.prefill"  # the forward pass over this request's uncached tokens
 SPAN_KV_STORE = "kvscope.kv.store"  # saving new KV to LMCache after the forward
 SPAN_FIRST_TOKEN = "kvscope.first_token"  # zero-length marker at the first streamed token
+EVENT_FIRST_TOKEN = "kvscope.first_token"  # span event on the server request span
 
 # Attribute keys shared with vLLM / GenAI semantic conventions.
 GEN_AI_REQUEST_ID = "gen_ai.request.id"
 GEN_AI_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 GEN_AI_TTFT = "gen_ai.latency.time_to_first_token"
+GEN_AI_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"  # vLLM's own: scheduled_ts - queued_ts
 GEN_AI_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 ERROR_TYPE = "error.type"
 

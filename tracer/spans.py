@@ -35,6 +35,15 @@ def context_from_headers(headers: Mapping[str, str] | None) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def sampled_context_from_headers(headers: Mapping[str, str] | None) -> Context | None:
+    """The remote parent if it is sampled: an unsampled request costs no further work."""
+    context = context_from_headers(headers)
+    if context is None:
+        return None
+    return context if trace.get_current_span(context).get_span_context().trace_flags.sampled \
+        else None
+
+
 def headers_from_context(context: Context | None = None) -> dict[str, str]:
     """`traceparent` (and `tracestate`) for `context` (default: the current one)."""
     carrier: dict[str, str] = {}
@@ -53,7 +62,7 @@ class RequestTrace:
     @classmethod
     def from_headers(cls, headers: Mapping[str, str] | None,
                      vllm_request_id: str) -> "RequestTrace | None":
-        parent = context_from_headers(headers)
+        parent = sampled_context_from_headers(headers)
         if parent is None:
             return None
         return cls(parent, client_request_id(vllm_request_id), vllm_request_id)

@@ -1,18 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 """Worker side: KV load (with transfer children), prefill forward and KV store spans.
 
-The scheduler's payload arrives with the step's connector metadata (`bind_connector_metadata`
-runs before the step's forward); from it each request of the step gets its trace context back.
-LMCache's per-request `retrieve`/`store` carry `req_id=` (vLLM's id), which picks the request.
-While a retrieve runs, its kv.load span is the current context, so storage reads and
-transfers made inside it (tracer.storage, `on_to_device`) become its children.
+Everything here hangs off the KV connector interface vLLM publishes, which both model runners
+call in the same order each step (V1: `KVConnectorModelRunnerMixin._get_kv_connector_output`;
+V2: `vllm/v1/worker/gpu/kv_connector.py`, `ActiveKVConnector.pre_forward` / `post_forward`):
+
+    bind_connector_metadata -> [start_load_kv, if the step has sync loads] -> model forward
+    -> [finish_forward (V2)] -> [start_load_kv, if not] -> wait_for_save -> ... -> clear
+
+The scheduler's payload arrives with the step's connector metadata at `bind_connector_metadata`;
+from it each request of the step gets its trace context back, and the step's `sync_loads` flag
+says which `start_load_kv` precedes the forward. The forward (the prefill span of each request
+prefilling in the step) runs from the end of the last connector call before it to the start of
+the first one after it. LMCache's per-request `retrieve`/`store` carry `req_id=` (vLLM's id),
+which picks the request. While a retrieve runs, its kv.load span is the current context, so
+storage reads and transfers made inside it (tracer.storage, `on_to_device`) become its children.
 """
 
 from __future__ import annotations
 
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from opentelemetry import context as otel_context
@@ -26,30 +35,76 @@ from tracer.scheduler import PAYLOAD_ATTR
 class _StepRequest:
     trace: spans.RequestTrace
     prefill_tokens: int
-    prefill_done: bool = False
 
 
-_step: dict[str, _StepRequest] = {}
+@dataclass
+class _Step:
+    """The traced requests of the step being run, and where its forward starts and ends."""
+
+    requests: dict[str, _StepRequest] = field(default_factory=dict)
+    sync_loads: bool = False
+    forward_start_ns: int = 0
+    forward_end_ns: int = 0
+
+
+_step = _Step()
 current: ContextVar[spans.RequestTrace | None] = ContextVar("kvscope_kv_load", default=None)
 
 
 def on_bind(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Wraps the connector's bind_connector_metadata(metadata): this step's requests."""
+    global _step
     metadata = args[0] if args else kwargs.get("connector_metadata")
     payload = getattr(metadata, PAYLOAD_ATTR, None) or {}
-    _step.clear()
-    for rid, item in payload.items():
+    step = _Step(sync_loads=bool(payload.get("sync_loads")))
+    for rid, item in payload.get("requests", {}).items():
         trace_ = spans.RequestTrace.from_headers(item.get("h"), rid)
         if trace_ is not None:
-            _step[rid] = _StepRequest(trace_, int(item.get("p", 0)))
+            step.requests[rid] = _StepRequest(trace_, int(item.get("p", 0)))
+    _step = step
+    result = wrapped(*args, **kwargs)
+    if step.requests and not step.sync_loads:
+        step.forward_start_ns = time.monotonic_ns()
+    return result
+
+
+def on_start_load_kv(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps start_load_kv: before the forward with sync loads (its end starts the forward),
+    after it otherwise (its start ends the forward)."""
+    step = _step
+    if not step.requests:
+        return wrapped(*args, **kwargs)
+    if step.sync_loads and not step.forward_start_ns:
+        result = wrapped(*args, **kwargs)
+        step.forward_start_ns = time.monotonic_ns()
+        return result
+    _forward_ended(step)
     return wrapped(*args, **kwargs)
+
+
+def on_forward_done(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps finish_forward (V2) and wait_for_save: the forward is over at the first of them."""
+    _forward_ended(_step)
+    return wrapped(*args, **kwargs)
+
+
+def _forward_ended(step: _Step) -> None:
+    """Once per step: a prefill span for each request that computed prompt tokens in it."""
+    if not step.forward_start_ns or step.forward_end_ns:
+        return
+    step.forward_end_ns = time.monotonic_ns()
+    rt = runtime.get()
+    for request in step.requests.values():
+        if request.prefill_tokens > 0:
+            spans.record(rt, semconv.SPAN_PREFILL, request.trace, step.forward_start_ns,
+                         step.forward_end_ns, {semconv.PREFILL_TOKENS: request.prefill_tokens})
 
 
 def _traced_call(name: str, on_done: Callable[[Any, trace.Span], None] | None = None):
     """A wrapper for LMCache engine calls taking req_id=: one span of `name` around them."""
 
     def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        step = _step.get(kwargs.get("req_id", ""))
+        step = _step.requests.get(kwargs.get("req_id", ""))
         if step is None:
             return wrapped(*args, **kwargs)
         rt = runtime.get()
@@ -81,22 +136,6 @@ on_retrieve = _traced_call(semconv.SPAN_KV_LOAD, _loaded_tokens)
 on_store = _traced_call(semconv.SPAN_KV_STORE)
 
 
-def on_forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wraps the model runner's _model_forward: one prefill span per prefilling request."""
-    if not _step:
-        return wrapped(*args, **kwargs)
-    started = time.monotonic_ns()
-    result = wrapped(*args, **kwargs)
-    ended = time.monotonic_ns()
-    rt = runtime.get()
-    for step in _step.values():
-        if step.prefill_tokens > 0 and not step.prefill_done:
-            step.prefill_done = True
-            spans.record(rt, semconv.SPAN_PREFILL, step.trace, started, ended,
-                         {semconv.PREFILL_TOKENS: step.prefill_tokens})
-    return result
-
-
 def on_to_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Wraps the LMCache GPU connector's batched_to_gpu: the copy into the paged KV cache."""
     request = current.get()
@@ -123,4 +162,5 @@ def transfer_kind(connector: Any, kwargs: dict) -> str:
 
 
 def forget_all() -> None:
-    _step.clear()
+    global _step
+    _step = _Step()
