@@ -64,6 +64,15 @@ def depth_distribution(queue_depth: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+def depth_by_phase(queue_depth: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per phase and device: time-weighted mean and max in flight, over that phase's samples only
+    (a run's warm phase can last minutes at depth 0 and would dilute a cold phase's depth)."""
+    return [{"phase": str(phase), "device": d["device"], "source": d["source"], "mean": d["mean"],
+             "max": d["max"], "observed_s": d["observed_s"]}
+            for phase, group in queue_depth.groupby("phase", sort=False)
+            for d in depth_distribution(group)]
+
+
 def littles_law(block_io: pd.DataFrame, depth: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sampled mean depth against throughput x mean device time (issue -> complete).
 

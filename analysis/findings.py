@@ -102,18 +102,41 @@ def _batch_wait(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Find
     return out
 
 
-def _ceiling_share(run: Run, summary: dict, phase: str) -> tuple[float, float] | None:
-    """(read rate, its share of the device ceiling measured in the same run) for a phase."""
-    ceiling = (run.manifest.get("device_ceiling") or {}).get("bytes_per_s")
-    rates = [r["busy_bytes_per_s"] for r in summary["read_bandwidth"] if r["phase"] == phase]
-    if not ceiling or not rates or not rates[0]:
-        return None
-    return rates[0], rates[0] / ceiling
+def ceiling_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The device ceiling a run is judged against: its study's (one per device, the best of
+    every run's measurements) when it belongs to one, else the run's own."""
+    return ((manifest.get("study") or {}).get("device_ceiling")
+            or manifest.get("device_ceiling") or {})
+
+
+def ceiling_words(rate: float, ceiling: dict[str, Any]) -> tuple[float, str]:
+    """(share of the ceiling, capped at 1, and how to say it): a rate above the ceiling means
+    the ceiling was under-measured, and the words say by how much, never "> 100 %"."""
+    best = ceiling["bytes_per_s"]
+    n = len(ceiling.get("samples") or [1])
+    if rate > best:
+        return 1.0, (f"reads ran at {rate / 1e9:.2f} GB/s, faster than the {best / 1e9:.2f} GB/s "
+                     f"device ceiling (best of {n} measurements): the ceiling was under-measured "
+                     f"by at least {rate / best - 1:.0%}")
+    return rate / best, (f"reads ran at {rate / 1e9:.2f} GB/s, {rate / best:.0%} of the "
+                         f"{best / 1e9:.2f} GB/s device ceiling (best of {n} measurements)")
+
+
+def _phase_reads(summary: dict, phase: str) -> dict[str, Any] | None:
+    rows = [r for r in summary["read_bandwidth"] if r["phase"] == phase and r["busy_bytes_per_s"]]
+    return rows[0] if rows else None
+
+
+def _phase_depth(summary: dict, phase: str) -> float | None:
+    """Mean requests in flight during the phase on its busiest device."""
+    means = [d["mean"] for d in summary.get("queue_depth_by_phase", []) if d["phase"] == phase]
+    return max(means, default=None)
 
 
 def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
-    """Storage-dominated groups: saturated device, or software-bound with a shallow queue."""
-    depth = max((d["mean"] for d in summary["queue_depth"]), default=None)
+    """Storage-dominated groups: at the device ceiling, the ceiling under-measured, or
+    software-bound with a shallow queue; every number is the phase's own."""
+    ceiling = ceiling_of(run.manifest)
     out = []
     for g in summary["groups"]:
         share = g["share_of_ttft"]["storage_read"] or 0
@@ -123,26 +146,38 @@ def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[F
         rows = rows[(rows["phase"] == g["phase"]) & (rows["concurrency"] == g["concurrency"])]
         read = float(rows["storage_read_ns"].sum()) or 1.0
         device = float(rows[["storage_device_queue_ns", "storage_device_service_ns"]].sum().sum())
+        depth = _phase_depth(summary, g["phase"])
+        reads = _phase_reads(summary, g["phase"])
         where = f"{g['phase']} (conc {g['concurrency']}): storage read is {share:.0%} of TTFT"
-        vs_ceiling = _ceiling_share(run, summary, g["phase"])
-        if vs_ceiling is not None:
-            rate, of_ceiling = vs_ceiling
-            where += (f"; reads ran at {rate / 1e9:.2f} GB/s, {of_ceiling:.0%} of the device "
-                      "ceiling measured in this run")
-        saturated = (vs_ceiling[1] >= CEILING_SATURATED if vs_ceiling is not None else
+        of_ceiling = None
+        if reads is not None:
+            where += (f"; the disk was busy {reads['busy_s'] / reads['wall_s']:.0%} of the "
+                      "phase's read span" if reads["wall_s"] else "")
+        if reads is not None and ceiling.get("bytes_per_s"):
+            of_ceiling, words = ceiling_words(reads["busy_bytes_per_s"], ceiling)
+            where += f"; {words}"
+            if reads["busy_bytes_per_s"] > ceiling["bytes_per_s"]:
+                out.append(_finding("ceiling-under-measured", "warning", f"{where}; measure the "
+                                    "ceiling again (deeper queue, larger reads) before judging "
+                                    "the read path against it"))
+                continue
+        in_flight = f"{depth:.1f} requests in flight on average in the phase" if depth is not None else ""
+        saturated = (of_ceiling >= CEILING_SATURATED if of_ceiling is not None else
                      depth is not None and depth >= SATURATED_DEPTH and device / read > 0.5)
         if saturated:
             out.append(_finding("device-saturated", "warning", f"{where}; {device / read:.0%} of "
-                                "it is in the device: the device is at its ceiling, a faster one "
+                                f"the requests' read time is in the device{', ' if in_flight else ''}"
+                                f"{in_flight}: the device is at its ceiling, a faster one "
                                 "(or more of them) is the fix"))
         elif depth is not None and depth < SHALLOW_DEPTH:
             out.append(_finding("software-bound", "warning", f"{where}; only {device / read:.0%} "
-                                f"is in the device and {depth:.1f} requests are in flight on "
-                                "average: reads are software-bound with a shallow queue; read "
-                                "more chunks in parallel"))
+                                f"of the requests' read time is in the device and {in_flight}: "
+                                "reads are software-bound with a shallow queue; read more chunks "
+                                "in parallel"))
         else:
-            out.append(_finding("storage-bound", "info", f"{where}; {device / read:.0%} in the "
-                                "device"))
+            out.append(_finding("storage-bound", "info", f"{where}; {device / read:.0%} of the "
+                                f"requests' read time in the device{', ' if in_flight else ''}"
+                                f"{in_flight}"))
     return out
 
 

@@ -9,11 +9,13 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import device, findings
+from analysis import device, findings, throughput
 from analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
 from analysis.run import Run
 
-ANALYSIS_VERSION = "2"  # 2: batch-aware (waiting on the same worker's other requests)
+# 2: batch-aware (waiting on the same worker's other requests); 3: throughput per phase, queue
+# depth per phase, the study's device ceiling
+ANALYSIS_VERSION = "3"
 SUMMARY_COMPONENTS = ("ttft", *COMPONENTS, *STORAGE_PARTS, *BATCH_PARTS)
 QUANTILES = (50, 90, 99)
 
@@ -54,6 +56,8 @@ def summarize(run: Run, attribution: pd.DataFrame) -> dict[str, Any]:
         "groups": _groups(attribution),
         "read_bandwidth": device.read_bandwidth(run.block_io),
         "queue_depth": depth,
+        "queue_depth_by_phase": device.depth_by_phase(run.queue_depth),
+        "throughput": throughput.per_phase(run.requests),
         "littles_law": device.littles_law(run.block_io, depth),
         "problems": list(run.problems),
     }

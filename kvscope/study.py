@@ -1,16 +1,23 @@
 """The serial-vs-parallel study behind `kvscope demo`: one run per backend profile, analysed,
-compared, and summed up in a headline table beside the device ceiling measured in each run.
+compared, and summed up in a headline table beside one device ceiling per disk for the study.
+
+Profiles whose backend shares a chunk format share one warm phase (`plan`); every run measures
+the ceiling before its first cold phase and the study again after its last, and the best of all
+of them is the ceiling every run is judged against (`record`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from kvscope import rundir
+from kvscope import ceiling, rundir
+from kvscope.workload import profiles
 from kvscope.workload.runner import RunOptions, execute
 
 BASELINE = "kvscope-serial"
@@ -29,27 +36,117 @@ class StudyOptions:
     prompt_tokens: int = 1024
     port: int = 8000
     models_dir: Path | None = None
-    kv_dir_base: Path | None = None  # each profile's chunks go to <base>/kv-<profile>
+    kv_dir_base: Path | None = None  # chunk files go to <base>/kv-<profile or warm group>
+    share_warm: bool = True  # profiles of one chunk format share one warm phase
     command: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Step:
+    """One run of the study: its profile, phases, chunk directory and whose warm it reuses."""
+
+    profile: str
+    phases: list[str]
+    kv_dir: Path
+    warm_from: str | None  # the earlier profile whose warm phase stored this run's chunks
+
+
+def warm_group(profile: str) -> str | None:
+    """A name shared by the profiles that can read each other's stored chunks, or None.
+
+    Only a backend that finds its chunk files on disk when it starts can skip its own warm
+    phase: the kvscope plugin rebuilds its index from them, and its read knobs (serial or
+    parallel, read ahead) do not change what it writes. LMCache's stock disk backend keeps its
+    index in memory only, so each stock profile warms in its own server.
+    """
+    config = profiles.get(profile).lmcache_config(Path("/nonexistent"))
+    if config.get("storage_plugins") != ["kvscope"]:
+        return None
+    from patched_backend.parallel_disk import chunkfile
+
+    extra = config.get("extra_config") or {}
+    return (f"{extra.get('storage_plugin.kvscope.module_path')}."
+            f"{extra.get('storage_plugin.kvscope.class_name')} chunk format v{chunkfile.VERSION}")
+
+
+def plan(opts: StudyOptions) -> list[Step]:
+    """The study's runs in order: the first profile of each warm group warms, the others of the
+    group run their cold phases on its chunk files (the page cache dropped before each)."""
+    base = opts.kv_dir_base or Path("/var/tmp/kvscope") / f"kv-{opts.out.name}"
+    warmed: dict[str, Step] = {}
+    steps = []
+    for profile in opts.profiles:
+        group = warm_group(profile) if opts.share_warm else None
+        if group is not None and group in warmed:
+            first = warmed[group]
+            steps.append(Step(profile, ["cold"], first.kv_dir, first.profile))
+            continue
+        step = Step(profile, ["warm", "cold"], base / f"kv-{profile}", None)
+        if group is not None:
+            warmed[group] = step
+        steps.append(step)
+    return steps
+
+
 def run_study(opts: StudyOptions) -> dict[str, Path]:
-    """Run and analyse every profile; returns {profile: run directory}."""
+    """Run every profile, measure the ceiling again after each, give the study one ceiling per
+    device, then analyse each run against it; returns {profile: run directory}."""
     from analysis import outputs
 
-    runs = {}
-    for profile in opts.profiles:
-        extra: dict = {"models_dir": opts.models_dir} if opts.models_dir else {}
-        if opts.kv_dir_base:
-            extra["kv_dir"] = opts.kv_dir_base / f"kv-{profile}"
-        run = execute(RunOptions(
-            out=opts.out / profile, model=opts.model, profile=profile, requests=opts.requests,
-            concurrency=opts.concurrency, prompt_tokens=opts.prompt_tokens, port=opts.port,
-            command=opts.command, **extra,
-        ))
+    steps = plan(opts)
+    runs: dict[str, Path] = {}
+    after: dict[str, ceiling.Ceiling | None] = {}
+    try:
+        for i, step in enumerate(steps):
+            extra: dict = {"models_dir": opts.models_dir} if opts.models_dir else {}
+            run = execute(RunOptions(
+                out=opts.out / step.profile, model=opts.model, profile=step.profile,
+                requests=opts.requests, concurrency=opts.concurrency,
+                prompt_tokens=opts.prompt_tokens, port=opts.port, command=opts.command,
+                phases=step.phases, kv_dir=step.kv_dir, keep_kv=True, **extra,
+            ))
+            runs[step.profile] = run
+            after[step.profile] = ceiling.measure(step.kv_dir, when="after the last cold phase")
+            if all(later.kv_dir != step.kv_dir for later in steps[i + 1:]):
+                shutil.rmtree(step.kv_dir, ignore_errors=True)
+    finally:
+        for step in steps:
+            shutil.rmtree(step.kv_dir, ignore_errors=True)
+    record(opts.out, runs, steps, after)
+    for run in runs.values():
         outputs.analyze(run)
-        runs[profile] = run
     return runs
+
+
+def device_ceilings(manifests: dict[str, dict], after: dict[str, ceiling.Ceiling | None]
+                    ) -> dict[str, ceiling.Ceiling]:
+    """One ceiling per disk: the best of every run's measurements on it (before the first cold
+    phase, after the last), every measurement kept in its samples."""
+    by_device: dict[str, list] = {}
+    for profile, manifest in manifests.items():
+        device = str(manifest.get("machine", {}).get("disk_device") or "?")
+        by_device.setdefault(device, []).extend(
+            m for m in (manifest.get("device_ceiling"), after.get(profile)) if m)
+    return {device: best for device, taken in by_device.items()
+            if (best := ceiling.best_of(taken)) is not None}
+
+
+def record(study: Path, runs: dict[str, Path], steps: list[Step],
+           after: dict[str, ceiling.Ceiling | None]) -> dict:
+    """Write the study's section into every run's manifest, and study.json beside them."""
+    manifests = {p: rundir.read_manifest(r) for p, r in runs.items()}
+    ceilings = device_ceilings(manifests, after)
+    warm_from = {s.profile: s.warm_from for s in steps}
+    body = {"profiles": list(runs), "runs": {p: str(r) for p, r in runs.items()},
+            "warm_phase_from": warm_from,
+            "device_ceilings": {d: c.as_dict() for d, c in ceilings.items()}}
+    for profile, run in runs.items():
+        device = str(manifests[profile].get("machine", {}).get("disk_device") or "?")
+        rundir.update_manifest(run, "study", {
+            "dir": str(study), "profiles": list(runs), "warm_phase_from": warm_from[profile],
+            "device_ceiling": ceilings[device].as_dict() if device in ceilings else None})
+    (study / "study.json").write_text(json.dumps(body, indent=2))
+    return body
 
 
 def _seconds(group: dict, component: str, stat: str) -> float:
@@ -64,18 +161,24 @@ def _read_rates(summary: dict, phase: str) -> tuple[float, float]:
     return rows[0]["busy_bytes_per_s"], rows[0]["busy_s"] / rows[0]["wall_s"]
 
 
+def _phase_row(summary: dict, key: str, phase: str) -> dict:
+    return next((r for r in summary.get(key, []) if r["phase"] == phase), {})
+
+
 def headline(runs: dict[str, Path]) -> pd.DataFrame:
-    """Per profile and cold phase: TTFT and component percentiles, read rate vs ceiling."""
-    import json
+    """Per profile and cold phase: TTFT and component percentiles, throughput, read rate
+    against the study's one ceiling for the disk (capped at 1: above it, `ceiling_under_by`)."""
+    from analysis.findings import ceiling_of
 
     rows = []
     for profile, run in runs.items():
         summary = json.loads((run / "summary.json").read_text())
-        ceiling = (rundir.read_manifest(run).get("device_ceiling") or {}).get("bytes_per_s")
+        best = ceiling_of(rundir.read_manifest(run)).get("bytes_per_s") or math.nan
         for group in summary["groups"]:
             if not group["phase"].startswith("cold"):
                 continue
             rate, busy = _read_rates(summary, group["phase"])
+            rates = _phase_row(summary, "throughput", group["phase"])
             rows.append({
                 "profile": profile, "phase": group["phase"], "conc": group["concurrency"],
                 "ttft_p50_s": _seconds(group, "ttft", "p50"),
@@ -83,15 +186,22 @@ def headline(runs: dict[str, Path]) -> pd.DataFrame:
                 **{f"{c}_p50_s": _seconds(group, c, "p50")
                    for c in ("queueing", "kv_lookup", "storage_read", "transfer", "prefill", "other")},
                 "read_GBps": rate / 1e9,
-                "ceiling_GBps": (ceiling or math.nan) / 1e9,
-                "read_vs_ceiling": rate / ceiling if ceiling else math.nan,
+                "ceiling_GBps": best / 1e9,
+                "read_vs_ceiling": min(rate / best, 1.0),
+                "ceiling_under_by": max(rate / best - 1, 0.0),
                 "disk_busy_share": busy,
+                "in_flight": _phase_row(summary, "queue_depth_by_phase", group["phase"]).get(
+                    "mean", math.nan),
+                "req_per_s": rates.get("requests_per_s") or math.nan,
+                "storage_tok_per_s": rates.get("storage_tokens_per_s") or math.nan,
+                "out_tok_per_s": rates.get("output_tokens_per_s") or math.nan,
             })
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    base = table[table["profile"] == BASELINE].set_index("conc")["ttft_p50_s"]
-    table["speedup_vs_serial"] = base.reindex(table["conc"]).to_numpy() / table["ttft_p50_s"]
+    base = table[table["profile"] == BASELINE].set_index("conc")
+    table["speedup_vs_serial"] = base["ttft_p50_s"].reindex(table["conc"]).to_numpy() / table["ttft_p50_s"]
+    table["throughput_vs_serial"] = table["req_per_s"] / base["req_per_s"].reindex(table["conc"]).to_numpy()
     return table
 
 
@@ -101,28 +211,38 @@ def verdict(table: pd.DataFrame) -> list[str]:
     for row in table[table["profile"] == CANDIDATE].itertuples():
         share = row.read_vs_ceiling
         read_share = row.storage_read_p50_s / row.ttft_p50_s if row.ttft_p50_s else math.nan
+        gain = (f"speedup over serial {row.speedup_vs_serial:.2f}x, throughput "
+                f"{row.throughput_vs_serial:.2f}x")
         if read_share < MINOR_SHARE:
             lines.append(
                 f"c={row.conc}: storage reads are only {read_share:.0%} of TTFT "
                 f"({row.storage_read_p50_s * 1e3:.1f} of {row.ttft_p50_s * 1e3:.1f} ms p50), so the "
                 f"read path barely moves TTFT here (prefill {row.prefill_p50_s * 1e3:.1f} ms, "
-                f"other {row.other_p50_s * 1e3:.1f} ms); speedup over serial {row.speedup_vs_serial:.2f}x"
+                f"other {row.other_p50_s * 1e3:.1f} ms); {gain}"
             )
         elif math.isnan(share):
             lines.append(f"c={row.conc}: no device ceiling or block reads recorded; no verdict")
+        elif row.ceiling_under_by > 0:
+            lines.append(
+                f"c={row.conc}: reads ran at {row.read_GBps:.2f} GB/s, faster than the "
+                f"{row.ceiling_GBps:.2f} GB/s the study measured for this disk: the ceiling was "
+                f"under-measured by at least {row.ceiling_under_by:.0%}, so no verdict on the "
+                f"device from it; {gain}"
+            )
         elif share >= CEILING_BOUND:
             lines.append(
                 f"c={row.conc}: while reading, the device limits the gain: parallel reads ran at "
                 f"{row.read_GBps:.2f} GB/s, {share:.0%} of the {row.ceiling_GBps:.2f} GB/s "
-                f"this disk reached in the same run; the disk was busy {row.disk_busy_share:.0%} "
-                "of the phase's read span and waited on the rest of the path (copies, prefill, the "
-                f"next request) the rest of the time; speedup over serial {row.speedup_vs_serial:.2f}x"
+                f"ceiling of this disk (best of the study's measurements); the disk was busy "
+                f"{row.disk_busy_share:.0%} of the phase's read span and waited on the rest of "
+                f"the path (copies, prefill, the next request) the rest of the time; {gain}"
             )
         else:
             lines.append(
                 f"c={row.conc}: the read path, not the device, limits the gain: "
-                f"{row.read_GBps:.2f} GB/s is {share:.0%} of the {row.ceiling_GBps:.2f} GB/s ceiling; "
-                f"speedup over serial {row.speedup_vs_serial:.2f}x"
+                f"{row.read_GBps:.2f} GB/s is {share:.0%} of the {row.ceiling_GBps:.2f} GB/s ceiling "
+                f"while reading (disk busy {row.disk_busy_share:.0%} of the read span, "
+                f"{row.in_flight:.1f} requests in flight on average); {gain}"
             )
     return lines
 
@@ -147,8 +267,52 @@ def comparisons(runs: dict[str, Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def throughput_comparisons(runs: dict[str, Path]) -> pd.DataFrame:
+    """Parallel over serial throughput per cold phase and metric, with 95 % bootstrap CIs."""
+    from analysis import throughput
+
+    if BASELINE not in runs or CANDIDATE not in runs:
+        return pd.DataFrame()
+    a, b = (rundir.read_table(runs[p], "requests") for p in (BASELINE, CANDIDATE))
+    frames = [throughput.ratio(a, b, phase)
+              for phase in sorted(set(a["phase"]) & set(b["phase"])) if phase.startswith("cold")]
+    if not frames:
+        return pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True).rename(columns={"a": "serial", "b": "parallel"})
+    table["ci95"] = [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(table["ratio_lo"], table["ratio_hi"])]
+    return table.drop(columns=["ratio_lo", "ratio_hi"])
+
+
+def ceiling_lines(runs: dict[str, Path]) -> list[str]:
+    """The study's ceiling per disk, how it was found and how much its measurements spread."""
+    seen, lines = set(), []
+    for run in runs.values():
+        manifest = rundir.read_manifest(run)
+        study = manifest.get("study") or {}
+        c = study.get("device_ceiling")
+        device = manifest.get("machine", {}).get("disk_device", "?")
+        if not c or device in seen:
+            continue
+        seen.add(device)
+        c = ceiling.best_of([c])  # fills samples and spread for a single measurement
+        rates = sorted(x["bytes_per_s"] / 1e9 for x in c.samples)
+        lines.append(
+            f"- `{device}`: {c.bytes_per_s / 1e9:.2f} GB/s, the best of {len(rates)} "
+            f"measurements ({c.method}, {c.unit >> 20} MiB x {c.depth} in flight, "
+            f"{c.when or 'when not recorded'}); all: {', '.join(f'{r:.2f}' for r in rates)} "
+            f"GB/s, spread {c.spread:.0%}. Every run of the study is judged against it.")
+    return lines
+
+
+def warm_lines(runs: dict[str, Path]) -> list[str]:
+    return [f"- `{p}` read the chunk files stored by the warm phase of `{src}` (same chunk "
+            "format; a new server, page cache dropped before each cold phase)"
+            for p, r in runs.items()
+            if (src := (rundir.read_manifest(r).get("study") or {}).get("warm_phase_from"))]
+
+
 def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Path:
-    """study.md: the headline table, the verdict, the comparison and links to each run."""
+    """study.md: the headline table, the verdict, the comparisons and links to each run."""
     first = rundir.read_manifest(next(iter(runs.values())))
     model, workload = first["model"], first["workload"]
     lines = [
@@ -158,14 +322,21 @@ def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Pat
         f"{workload['prompt_tokens']} tokens; cold phases at concurrency "
         f"{', '.join(map(str, workload['concurrency']))}; machine {first['machine']['hostname']} "
         f"({first['machine']['cpus']} CPUs, disk {first['machine']['disk_device']}).", "",
-        "## Headline (cold phases, seconds)", "",
+        "## Headline (cold phases; seconds, GB/s, per second)", "",
         table.to_markdown(index=False, floatfmt=".3f"), "",
+        "## Device ceiling (one per disk)", "", *ceiling_lines(runs), "",
         "## What limits the gain", "", *[f"- {line}" for line in verdict(table)], "",
     ]
+    if warm := warm_lines(runs):
+        lines += ["## Warm phases", "", *warm, ""]
     compared = comparisons(runs)
     if not compared.empty:
         lines += ["## Serial vs parallel (p50, 95 % bootstrap CI of the speedup)", "",
                   compared.to_markdown(index=False, floatfmt=".3f"), ""]
+    rates = throughput_comparisons(runs)
+    if not rates.empty:
+        lines += ["## Throughput, parallel / serial (95 % bootstrap CI of the ratio)", "",
+                  rates.to_markdown(index=False, floatfmt=".3f"), ""]
     lines += ["## Runs", ""] + [f"- `{p}`: [{r.name}/report.md]({r.name}/report.md)"
                                 for p, r in runs.items()]
     report = study / "study.md"

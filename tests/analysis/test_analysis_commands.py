@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis import synthetic
+from analysis.summary import ANALYSIS_VERSION
 from kvscope.cli import main
 
 
@@ -35,7 +36,7 @@ def test_analyze_writes_attribution_summary_report_and_plots(synthetic_run, tmp_
     assert (run / "report.md").read_text().count("plots/") == 3
     assert all((run / "plots" / f"{n}.png").stat().st_size > 1000
                for n in ("breakdown", "ttft_cdf", "queue_depth"))
-    assert json.loads((run / "manifest.json").read_text())["analysis"] == {"version": "2"}
+    assert json.loads((run / "manifest.json").read_text())["analysis"] == {"version": ANALYSIS_VERSION}
     assert "cold (conc 4" in capsys.readouterr().out
 
 

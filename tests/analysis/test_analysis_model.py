@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -56,18 +58,36 @@ def test_storage_findings_say_why(depth, with_io, finding):
     assert finding in {f["id"] for f in summary["findings"]}
 
 
-@pytest.mark.parametrize(("ceiling_bytes_per_s", "finding"), [
-    pytest.param(1e6, "device-saturated", id="reads-at-the-measured-ceiling"),
-    pytest.param(1e12, "storage-bound", id="reads-far-below-the-measured-ceiling"),
+@pytest.mark.parametrize(("ceiling_bytes_per_s", "finding", "words"), [
+    pytest.param(13e6, "device-saturated", "of the 0.01 GB/s device ceiling",
+                 id="reads-at-the-measured-ceiling"),
+    pytest.param(1e12, "storage-bound", "0% of the 1000.00 GB/s device ceiling",
+                 id="reads-far-below-the-measured-ceiling"),
+    pytest.param(1e6, "ceiling-under-measured", "the ceiling was under-measured by at least",
+                 id="reads-faster-than-the-ceiling"),
 ])
-def test_measured_ceiling_decides_saturation(ceiling_bytes_per_s, finding):
+def test_measured_ceiling_decides_saturation(ceiling_bytes_per_s, finding, words):
     run = _storage_heavy(8, True)
     run.block_io = run.block_io.assign(bytes=1 << 20)  # 1 MiB in 84 ms: about 12.5 MB/s
     run.manifest["device_ceiling"] = {"bytes_per_s": ceiling_bytes_per_s}
     summary = summarize(run, attribute(run))
     found = {f["id"]: f["message"] for f in summary["findings"]}
-    assert finding in found
-    assert "of the device ceiling measured in this run" in found[finding]
+    assert finding in found, found
+    assert words in found[finding]
+    assert "the disk was busy 100% of the phase's read span" in found[finding]
+    percents = [int(p) for p in re.findall(r"(\d+)%", found[finding])]
+    assert max(percents) <= 100 or finding == "ceiling-under-measured"
+    assert "device-saturated" not in found or finding == "device-saturated"
+
+
+def test_a_study_ceiling_overrides_the_runs_own():
+    run = _storage_heavy(8, True)
+    run.block_io = run.block_io.assign(bytes=1 << 20)
+    run.manifest["device_ceiling"] = {"bytes_per_s": 1e6}  # this run's own, under-measured
+    run.manifest["study"] = {"device_ceiling": {"bytes_per_s": 13e6, "samples": [{}, {}, {}]}}
+    found = {f["id"]: f["message"] for f in summarize(run, attribute(run))["findings"]}
+    assert "ceiling-under-measured" not in found
+    assert "(best of 3 measurements)" in found["device-saturated"]
 
 
 def test_disk_backend_counters_give_refusal_and_read_ahead_findings_per_phase():

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
 from analysis import outputs, synthetic
-from kvscope import rundir, study
+from kvscope import ceiling, rundir, study
+
+
+def describe(run) -> None:
+    """What `kvscope run` records about the model, workload and machine."""
+    rundir.update_manifest(run, "model", {"twin": "tiny", "kv_bytes_per_token": 1024,
+                                          "kv_bytes_per_chunk": 262144})
+    rundir.update_manifest(run, "workload", {"num_requests": 40, "prompt_tokens": 600,
+                                             "concurrency": [4]})
+    rundir.update_manifest(run, "machine", {"hostname": "h", "cpus": 2, "disk_device": "vda"})
 
 
 @pytest.fixture(scope="module")
@@ -17,12 +27,7 @@ def runs(tmp_path_factory):
     for seed, profile in enumerate((study.BASELINE, study.CANDIDATE)):
         run = synthetic.make_run(base / profile, n_requests=40, seed=seed, phases=("cold",))
         rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 4e9})
-        # What `kvscope run` records about the model, workload and machine.
-        rundir.update_manifest(run, "model", {"twin": "tiny", "kv_bytes_per_token": 1024,
-                                              "kv_bytes_per_chunk": 262144})
-        rundir.update_manifest(run, "workload", {"num_requests": 40, "prompt_tokens": 600,
-                                                 "concurrency": [4]})
-        rundir.update_manifest(run, "machine", {"hostname": "h", "cpus": 2, "disk_device": "vda"})
+        describe(run)
         outputs.analyze(run, plots=False)
         made[profile] = run
     return made
@@ -48,3 +53,87 @@ def test_verdict_and_report_name_the_limit(runs, tmp_path):
     report = study.write_report(tmp_path, runs, table).read_text()
     assert "## Headline" in report and "## Serial vs parallel" in report
     assert lines[0] in report
+
+
+def _ceiling(rate: float, when: str = "before the first cold phase") -> dict:
+    return {"bytes_per_s": rate, "bytes": 1 << 30, "seconds": (1 << 30) / rate, "files": 16,
+            "unit": 4 << 20, "depth": 32, "method": ceiling.RAW_METHOD, "when": when}
+
+
+@pytest.fixture()
+def three_runs(tmp_path):
+    """Three synthetic runs on one disk whose own ceilings differ (as the issue's 3.21, 4.14
+    and 4.44 GB/s), one measured again after its last cold phase."""
+    made = {}
+    for seed, (profile, rate) in enumerate(((study.BASELINE, 3.21e9), (study.CANDIDATE, 4.14e9),
+                                            ("stock", 4.44e9))):
+        run = synthetic.make_run(tmp_path / profile, n_requests=24, seed=seed, phases=("cold",))
+        rundir.update_manifest(run, "device_ceiling", _ceiling(rate))
+        describe(run)
+        made[profile] = run
+    return made
+
+
+def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_runs, tmp_path):
+    after = {"stock": ceiling.best_of([_ceiling(4.5e9, "after the last cold phase")])}
+    steps = study.plan(study.StudyOptions(out=tmp_path, profiles=list(three_runs)))
+    body = study.record(tmp_path, three_runs, steps, after)
+    best = body["device_ceilings"]["vda"]
+    assert best["bytes_per_s"] == 4.5e9 and best["when"] == "after the last cold phase"
+    assert sorted(s["bytes_per_s"] for s in best["samples"]) == [3.21e9, 4.14e9, 4.44e9, 4.5e9]
+    assert best["spread"] == pytest.approx((4.5 - 3.21) / 4.5)
+    for run in three_runs.values():
+        outputs.analyze(run, plots=False)
+        assert rundir.read_manifest(run)["study"]["device_ceiling"]["bytes_per_s"] == 4.5e9
+    table = study.headline(three_runs)
+    assert (table["ceiling_GBps"] == 4.5).all()
+    lines = study.ceiling_lines(three_runs)
+    assert len(lines) == 1 and "best of 4 measurements" in lines[0] and "spread 29%" in lines[0]
+
+
+def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(three_runs, tmp_path):
+    steps = study.plan(study.StudyOptions(out=tmp_path, profiles=list(three_runs)))
+    study.record(tmp_path, three_runs, steps, {})
+    for run in three_runs.values():
+        rundir.update_manifest(run, "study", {
+            **rundir.read_manifest(run)["study"], "device_ceiling": _ceiling(1e6)})
+        summary = outputs.analyze(run, plots=False)[1]
+        assert "device-saturated" not in {f["id"] for f in summary["findings"]}
+    table = study.headline(three_runs)
+    assert (table["read_vs_ceiling"] == 1.0).all() and (table["ceiling_under_by"] > 0).all()
+    line = study.verdict(table)[0]
+    assert "the ceiling was under-measured by at least" in line
+    report = study.write_report(tmp_path, three_runs, table).read_text()
+    said = re.sub(r"under-measured by at least \d+ ?%", "", report.split("## What limits")[1])
+    percents = [int(p) for p in re.findall(r"(\d+) ?%", said)]
+    assert percents and max(percents) <= 100, said
+
+
+def test_profiles_of_one_chunk_format_share_one_warm_phase(tmp_path):
+    opts = study.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
+    steps = {s.profile: s for s in study.plan(opts)}
+    assert steps[study.BASELINE].phases == ["warm", "cold"]
+    assert steps[study.CANDIDATE].phases == ["cold"]
+    assert steps[study.CANDIDATE].warm_from == study.BASELINE
+    assert steps[study.CANDIDATE].kv_dir == steps[study.BASELINE].kv_dir
+    assert steps["stock"].phases == ["warm", "cold"] and steps["stock"].warm_from is None
+    assert steps["stock"].kv_dir != steps[study.BASELINE].kv_dir
+    assert study.warm_group("stock") is None
+    apart = study.plan(study.StudyOptions(out=tmp_path / "s", share_warm=False))
+    assert all(s.phases == ["warm", "cold"] for s in apart)
+
+
+def test_headline_throughput_columns_are_the_phase_rates(runs):
+    table = study.headline(runs).set_index("profile")
+    for profile, run in runs.items():
+        requests = rundir.read_table(run, "requests")
+        ok = requests[requests["status"] == "ok"]
+        wall_s = (ok["finish_ns"].max() - ok["arrival_ns"].min()) / 1e9
+        assert table.loc[profile, "req_per_s"] == pytest.approx(len(ok) / wall_s, rel=1e-12)
+        assert table.loc[profile, "out_tok_per_s"] == pytest.approx(
+            ok["output_tokens"].clip(lower=0).sum() / wall_s, rel=1e-12)
+    rates = study.throughput_comparisons(runs).set_index("metric")
+    r = rates.loc["requests_per_s"]
+    assert r["ratio"] == pytest.approx(table.loc[study.CANDIDATE, "req_per_s"]
+                                       / table.loc[study.BASELINE, "req_per_s"])
+    assert table.loc[study.CANDIDATE, "throughput_vs_serial"] == pytest.approx(r["ratio"])
