@@ -65,12 +65,18 @@ def _stats(attribution: pd.DataFrame, phase: str | None, stat: str) -> dict[str,
 
 def junit_xml(result: pd.DataFrame, name: str) -> str:
     """The check as JUnit XML: one testcase per component, a failure for each regression."""
-    suite = ElementTree.Element("testsuite", name=name, tests=str(len(result)),
-                                failures=str(int((result["status"] != "ok").sum())))
-    for r in result.itertuples():
-        case = ElementTree.SubElement(suite, "testcase", classname=name, name=r.component)
-        if r.status != "ok":
-            ElementTree.SubElement(case, "failure", message=failure_message(r))
+    return junit(name, [(r.component, failure_message(r) if r.status != "ok" else None)
+                        for r in result.itertuples()])
+
+
+def junit(name: str, cases: list[tuple[str, str | None]]) -> str:
+    """A JUnit testsuite: one testcase per (name, failure message or None when it passed)."""
+    suite = ElementTree.Element("testsuite", name=name, tests=str(len(cases)),
+                                failures=str(sum(m is not None for _, m in cases)))
+    for case_name, message in cases:
+        case = ElementTree.SubElement(suite, "testcase", classname=name, name=case_name)
+        if message is not None:
+            ElementTree.SubElement(case, "failure", message=message)
     return ElementTree.tostring(suite, encoding="unicode")
 
 

@@ -1,4 +1,5 @@
-"""`kvscope check RUN --baseline FILE`: the TTFT regression gate (exit 1 on regression)."""
+"""`kvscope check`: the TTFT regression gate (RUN --baseline FILE) and the acceptance gates
+(CANDIDATE --against BASELINE_RUN --gates FILE); exit 1 when a gate fails, 2 on bad input."""
 
 from __future__ import annotations
 
@@ -7,41 +8,56 @@ import json
 import sys
 from pathlib import Path
 
+EPILOG = """examples:
+  kvscope check runs/new --baseline ci/ttft-baseline.json --junit out.xml
+  kvscope check runs/good --baseline ci/ttft-baseline.json --write-baseline --phase cold --tolerance 0.15
+  kvscope check runs/demo-X/kvscope --against runs/demo-X/kvscope-serial \\
+      --gates analysis/gates/seeds-g3.json --junit gates.xml     # the seeds' G3 gates
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "check", help="fail (exit 1) when a TTFT component regressed against a baseline",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  kvscope check runs/new --baseline ci/ttft-baseline.json --junit out.xml\n"
-               "  kvscope check runs/good --baseline ci/ttft-baseline.json --write-baseline "
-               "--phase cold --tolerance 0.15")
-    parser.add_argument("run", help="run directory")
-    parser.add_argument("--baseline", required=True, help="baseline JSON file")
+        "check", help="fail (exit 1) on a TTFT regression, or when a candidate run misses its "
+        "acceptance gates against a baseline run", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="run directory (the candidate, with --gates)")
+    parser.add_argument("--baseline", help="baseline JSON file of the regression gate")
     parser.add_argument("--write-baseline", action="store_true",
                         help="write the baseline from this run instead of checking")
     parser.add_argument("--phase", help="with --write-baseline: phase to gate (default: all)")
     parser.add_argument("--stat", default="p50", choices=("p50", "p90", "mean"))
     parser.add_argument("--tolerance", type=float, default=0.10,
                         help="with --write-baseline: allowed relative increase (default 0.10)")
+    parser.add_argument("--gates", help="acceptance gate file (JSON; e.g. analysis/gates/seeds-g3.json)")
+    parser.add_argument("--against", help="with --gates: the baseline run directory")
     parser.add_argument("--junit", help="also write the result as JUnit XML here")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis import gate, outputs
-
+    if bool(args.gates) == bool(args.baseline) or bool(args.gates) != bool(args.against):
+        print("kvscope check: give either --baseline FILE (regression gate) or --gates FILE "
+              "with --against BASELINE_RUN (acceptance gates)", file=sys.stderr)
+        return 2
     try:
-        attribution = outputs.load_attribution(args.run)
-        if args.write_baseline:
-            baseline = gate.baseline_from(attribution, phase=args.phase, stat=args.stat,
-                                          tolerance=args.tolerance)
-            Path(args.baseline).write_text(json.dumps(baseline, indent=2))
-            print(f"wrote {args.baseline} ({len(baseline['components'])} components)")
-            return 0
-        result = gate.check(attribution, gate.read_baseline(args.baseline))
+        return _gates(args) if args.gates else _regression(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"kvscope check: {e}", file=sys.stderr)
         return 2
+
+
+def _regression(args: argparse.Namespace) -> int:
+    from analysis import gate, outputs
+
+    attribution = outputs.load_attribution(args.run)
+    if args.write_baseline:
+        baseline = gate.baseline_from(attribution, phase=args.phase, stat=args.stat,
+                                      tolerance=args.tolerance)
+        Path(args.baseline).write_text(json.dumps(baseline, indent=2))
+        print(f"wrote {args.baseline} ({len(baseline['components'])} components)")
+        return 0
+    result = gate.check(attribution, gate.read_baseline(args.baseline))
     print(f"{'component':24} {'baseline s':>11} {'current s':>11} {'limit s':>11} {'change':>8}  status")
     for r in result.itertuples():
         print(f"{r.component:24} {r.baseline_s:11.4f} {r.current_s:11.4f} {r.limit_s:11.4f} "
@@ -51,3 +67,31 @@ def run(args: argparse.Namespace) -> int:
     regressed = int((result["status"] != "ok").sum())
     print(f"{regressed} regression(s)" if regressed else "no regression")
     return 1 if regressed else 0
+
+
+def _load(path: str) -> dict:
+    from analysis import outputs
+    from kvscope import rundir
+
+    requests = rundir.read_table(Path(path), "requests")
+    if requests is None:
+        raise ValueError(f"{path} has no requests.parquet: pass a run directory of `kvscope run`")
+    return {"attribution": outputs.load_attribution(path), "requests": requests}
+
+
+def _gates(args: argparse.Namespace) -> int:
+    from analysis import acceptance, gate
+
+    gates = acceptance.read_gates(args.gates)
+    result = acceptance.check(gates, _load(args.against), _load(args.run))
+    print(f"{gates.get('name', args.gates)}: {args.run} against {args.against}")
+    for r in result.itertuples():
+        print(f"  {r.status:4}  {r.gate}: {r.value:.4f} (needs {acceptance.bounds(r)}; {r.detail})")
+    if args.junit:
+        Path(args.junit).write_text(gate.junit(
+            f"kvscope-gates {Path(args.run).name}",
+            [(r.gate, acceptance.failure_message(r) if r.status != "pass" else None)
+             for r in result.itertuples()]))
+    failed = int((result["status"] != "pass").sum())
+    print(f"{failed} of {len(result)} gates failed" if failed else f"all {len(result)} gates pass")
+    return 1 if failed else 0
