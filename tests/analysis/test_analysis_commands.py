@@ -13,6 +13,7 @@ import pytest
 
 from analysis import synthetic
 from analysis.summary import ANALYSIS_VERSION
+from kvscope import rundir
 from kvscope.cli import main
 
 
@@ -48,9 +49,15 @@ def test_analyze_names_a_missing_run(tmp_path, capsys):
 def test_compare_finds_no_difference_between_identical_runs(two_runs, capsys):
     a, b = two_runs
     assert main(["compare", str(a), str(b), "--json", "--boot", "200"]) == 0
-    table = pd.DataFrame(json.loads(capsys.readouterr().out)).set_index("component")
+    out = json.loads(capsys.readouterr().out)
+    table = pd.DataFrame(out["components"]).set_index("component")
     assert (table["delta_s"] == 0).all() and (table.loc["ttft", "speedup"] == 1.0)
     assert table.loc["ttft", "speedup_lo"] <= 1.0 <= table.loc["ttft", "speedup_hi"]
+    rates = pd.DataFrame(out["throughput"]).set_index(["phase", "metric"])
+    assert set(rates.index.get_level_values("phase")) == set(rundir.read_table(a, "requests")["phase"])
+    assert (rates["ratio"] == 1.0).all()
+    assert main(["compare", str(a), str(b), "--phase", "cold", "--boot", "200"]) == 0
+    assert "requests_per_s" in capsys.readouterr().out
 
 
 def test_compare_recovers_a_known_speedup_with_a_ci_that_covers_it(tmp_path):
