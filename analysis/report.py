@@ -25,7 +25,8 @@ def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Pat
     names = [_breakdown_plot(complete, plots), _cdf_plot(complete, plots),
              _depth_plot(summary, plots)]
     lines = [f"# TTFT attribution: {summary['run_id']}", "", _counts(summary), ""]
-    lines += _group_table(summary) + [""] + _findings(summary) + [""]
+    lines += _group_table(summary) + [""] + _throughput_table(summary) + [""]
+    lines += _findings(summary) + [""]
     lines += [f"![{n}](plots/{n}.png)" for n in names if n]
     report = path / "report.md"
     report.write_text("\n".join(lines) + "\n")
@@ -45,6 +46,21 @@ def _group_table(summary: dict[str, Any]) -> list[str]:
     for g in summary["groups"]:
         cells = [f"{g['percentiles_ns'][p].get('p50', float('nan')) / 1e6:.1f}" for p in parts]
         lines.append(f"| {g['phase']} | {g['concurrency']} | {g['requests']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _throughput_table(summary: dict[str, Any]) -> list[str]:
+    """Requests/s, prompt tokens/s served from storage and output tokens/s per phase."""
+    rows = summary.get("throughput") or []
+    if not rows:
+        return []
+    lines = ["## Throughput per phase", "",
+             "| phase | conc | requests | wall (s) | requests/s | prompt tokens/s from storage "
+             "| output tokens/s | mean in flight |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['phase']} | {r['concurrency']} | {r['requests']} | {r['wall_s']:.2f} "
+                     f"| {r['requests_per_s'] or 0:.2f} | {r['storage_tokens_per_s'] or 0:.0f} "
+                     f"| {r['output_tokens_per_s'] or 0:.1f} | {r['mean_in_flight'] or 0:.1f} |")
     return lines
 
 
