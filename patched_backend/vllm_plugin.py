@@ -22,6 +22,9 @@ _FACTORY_MODULE = "lmcache.v1.gpu_connector"
 
 def register() -> None:
     wrapt.register_post_import_hook(_wrap_connector_factory, _FACTORY_MODULE)
+    from tracer.vllm_plugin import warn_if_not_loaded  # imports nothing else
+
+    warn_if_not_loaded()
 
 
 def _wrap_connector_factory(module: ModuleType) -> None:

@@ -23,8 +23,13 @@ from typing import Any, Awaitable, Callable
 logger = logging.getLogger(__name__)
 
 CONFIG = "config."  # prefix of the `where` of configuration errors (config.<VARIABLE>)
-DEFAULT_FIX = ("a kvscope bug, or a vLLM/LMCache version whose internals kvscope does not know: "
-               "report it with this line; KVSCOPE_TRACING=0 turns kvscope's tracing off")
+HOOK_FIX = ("served as if kvscope were not installed; a kvscope bug, or a vLLM/LMCache version "
+            "whose internals kvscope does not know: report it with this line "
+            "(KVSCOPE_TRACING=0 turns kvscope's tracing off)")
+# Test-only fault injection: a comma-separated list of hooks (`Owner.method`) and places
+# (`pipeline.build`) that raise InjectedFault, to show that serving goes on. Read at import.
+ENV_FAULTS = "KVSCOPE_FAULT_INJECTION"
+_FAULTS = frozenset(w.strip() for w in os.environ.get(ENV_FAULTS, "").split(",") if w.strip())
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
@@ -33,16 +38,29 @@ _counts: dict[str, int] = {}
 _logged: set[str] = set()
 
 
-def count(where: str, error: BaseException, fix: str = "") -> None:
+class InjectedFault(RuntimeError):
+    """Raised where KVSCOPE_FAULT_INJECTION says (tests only)."""
+
+
+def inject(where: str) -> None:
+    """Raise InjectedFault if KVSCOPE_FAULT_INJECTION names `where`."""
+    if where in _FAULTS:
+        raise InjectedFault(f"fault injected at {where} by {ENV_FAULTS} (test only)")
+
+
+def count(where: str, error: BaseException, fix: str = HOOK_FIX) -> None:
     """Count one kvscope error at `where`; the first one there in this process is logged."""
     with _lock:
         _counts[where] = _counts.get(where, 0) + 1
         first = where not in _logged
         _logged.add(where)
-    if first:
-        logger.warning("kvscope tracer: %s: %s%s; %s (served as if kvscope were not installed; "
-                       "further errors here are only counted)", where, _describe(error),
-                       _origin(error), fix or DEFAULT_FIX)
+    if not first:
+        return
+    if where.startswith(CONFIG):
+        logger.warning("kvscope tracer (pid %d): bad setting: %s; %s", os.getpid(), error, fix)
+    else:
+        logger.warning("kvscope tracer (pid %d): %s: %s%s; %s (further errors here are only "
+                       "counted)", os.getpid(), where, _describe(error), _origin(error), fix)
         logger.debug("kvscope tracer: %s", where, exc_info=error)
 
 
@@ -134,6 +152,8 @@ def guard(hook: str, wrapper: Wrapper) -> Wrapper:
 
             failure: BaseException | None = None
             try:
+                if _FAULTS:
+                    inject(hook)
                 return await wrapper(start, instance, args, kwargs)
             except BaseException as e:
                 failure = e
@@ -150,6 +170,8 @@ def guard(hook: str, wrapper: Wrapper) -> Wrapper:
         call = _Call(hook, wrapped)
         failure: BaseException | None = None
         try:
+            if _FAULTS:
+                inject(hook)
             return wrapper(call.call, instance, args, kwargs)
         except BaseException as e:
             failure = e

@@ -3,37 +3,63 @@
 
 Exporters: the run directory's OTLP JSON files when `KVSCOPE_SPANS_DIR` is set, and OTLP
 (gRPC or HTTP) when the standard `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT` is set (or
-`OTEL_TRACES_EXPORTER` names `otlp`; `none` turns OTLP off). Each exporter sits behind its own
-BatchSpanProcessor, so a slow or dead collector never holds up the file or the caller: spans
-wait in a bounded queue, and what does not fit is dropped and counted. Failures are counted
-and logged once per exporter. The provider is private (not the global one), so it never
-fights with vLLM's own `--otlp-traces-endpoint` tracer.
+`OTEL_TRACES_EXPORTER` names `otlp`; `none` turns OTLP off); settings from tracer/config.py.
+Each exporter sits behind its own bounded processor (`BoundedProcessor`), so a slow or dead
+collector never holds up the file or the caller: a span is handed to that exporter's
+BatchSpanProcessor only while fewer than OTEL_BSP_MAX_QUEUE_SIZE of its spans are pending, and
+counted as dropped otherwise. Every span ended is, per exporter, exported, failed, dropped,
+still pending, or lost (pending when the process shut down): the stats add up exactly.
+The provider is private (not the global one), so it never fights with vLLM's own
+`--otlp-traces-endpoint` tracer.
 """
 
 from __future__ import annotations
 
-import collections
+import atexit
 import json
 import logging
+import multiprocessing.util
 import os
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from tracer import config, failsafe
 from tracer.fileexport import OtlpJsonFileExporter
 
 logger = logging.getLogger(__name__)
 
-ENV_SPANS_DIR = "KVSCOPE_SPANS_DIR"
-FILE_FLUSH_MS = 200  # a killed worker loses at most this much of its spans
+ENV_SPANS_DIR = config.ENV_SPANS_DIR
+FILE_FLUSH_MS = config.FILE_FLUSH_MS  # a killed worker loses at most this much of its spans
 STATS_DIR = "stats"  # RUN/spans/stats/<prefix>-<pid>.json, never *.json in spans/ itself
 DISK_HOOKS = "patched_backend.parallel_disk.hooks"  # kvscope's disk backend, if this process has it
+SHUTDOWN_WAIT_S = 3.0  # vLLM SIGKILLs a worker 4 s after SIGTERM: flush, count, write before
+EXIT_PRIORITY = 100  # multiprocessing finalizers with higher priority run first
+
+
+@dataclass
+class ExporterCounts:
+    """One exporter's spans: ended = accepted + dropped; accepted = exported + failed + lost
+    + pending (still queued or in an export call)."""
+
+    accepted: int = 0
+    dropped: int = 0  # its queue was full (or it had shut down)
+    exported: int = 0
+    failed: int = 0  # spans in failed export calls
+    export_failures: int = 0  # failed export calls
+    lost: int = 0  # still pending when the process shut down
+    final: bool = field(default=False, repr=False)  # shut down: nothing counted any more
+
+    @property
+    def pending(self) -> int:
+        return self.accepted - self.exported - self.failed - self.lost
 
 
 @dataclass
@@ -41,33 +67,37 @@ class Counters:
     """What one process's exporters did; summed over processes into manifest.tracer."""
 
     spans_ended: int = 0
-    spans_exported: dict[str, int] = field(default_factory=dict)
-    spans_dropped: int = 0
-    export_failures: int = 0
-    failed_spans: int = 0
+    exporters: dict[str, ExporterCounts] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
-    def add(self, **deltas: int) -> None:
-        with self._lock:
-            for key, value in deltas.items():
-                setattr(self, key, getattr(self, key) + value)
+    def of(self, exporter: str) -> ExporterCounts:
+        with self.lock:
+            return self.exporters.setdefault(exporter, ExporterCounts())
 
-    def exported(self, exporter: str, count: int) -> None:
-        with self._lock:
-            self.spans_exported[exporter] = self.spans_exported.get(exporter, 0) + count
+    def as_dict(self) -> dict[str, Any]:
+        """Per exporter, and the totals manifest.tracer always had."""
+        with self.lock:
+            by = {name: {**{k: v for k, v in asdict(c).items() if k != "final"},
+                         "pending": c.pending} for name, c in self.exporters.items()}
+            ended = self.spans_ended
+        return {"spans_ended": ended, "by_exporter": by,
+                "spans_exported": {name: c["exported"] for name, c in by.items()},
+                **{total: sum(c[key] for c in by.values()) for total, key in TOTALS.items()}}
 
-    def as_dict(self) -> dict:
-        with self._lock:
-            return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+TOTALS = {"spans_dropped": "dropped", "export_failures": "export_failures",
+          "failed_spans": "failed", "spans_lost": "lost"}
 
 
 class CountingExporter(SpanExporter):
-    """Counts what `inner` exported or failed; logs the first failure only."""
+    """Counts what `inner` exported or failed; logs the first failure only; then `after`."""
 
-    def __init__(self, name: str, inner: SpanExporter, counters: Counters) -> None:
-        self.name, self.inner, self.counters = name, inner, counters
+    def __init__(self, name: str, inner: SpanExporter, counters: Counters,
+                 after: Callable[[], None] = lambda: None) -> None:
+        self.name, self.inner, self.counters, self.after = name, inner, counters, after
+        self.counts = counters.of(name)
         self._logged = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -76,11 +106,17 @@ class CountingExporter(SpanExporter):
         except Exception as e:  # an exporter must never take its thread down
             result = SpanExportResult.FAILURE
             self._log_once("%s exporter raised %r", self.name, e)
-        if result is SpanExportResult.SUCCESS:
-            self.counters.exported(self.name, len(spans))
-        else:
-            self.counters.add(export_failures=1, failed_spans=len(spans))
-            self._log_once("%s exporter failed; spans are counted as lost", self.name)
+        with self.counters.lock:
+            if self.counts.final:  # already counted lost by the shutdown that gave up on it
+                pass
+            elif result is SpanExportResult.SUCCESS:
+                self.counts.exported += len(spans)
+            else:
+                self.counts.export_failures += 1
+                self.counts.failed += len(spans)
+        if result is not SpanExportResult.SUCCESS:
+            self._log_once("%s exporter failed; spans are counted as failed", self.name)
+        self.after()
         return result
 
     def _log_once(self, message: str, *args: object) -> None:
@@ -96,72 +132,90 @@ class CountingExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
-class _DropCountingQueue(collections.deque):
-    """The batch processor's queue, counting the spans a full queue pushes out.
+class BoundedProcessor(SpanProcessor):
+    """A BatchSpanProcessor fed only while fewer than `max_queue_size` of its exporter's spans
+    are pending, so its own queue never overflows and every span not fed is counted dropped."""
 
-    Appends and the worker's pops share one lock, so "full" is checked and acted on
-    atomically and the count is exact (a check outside the queue races the worker's pops).
-    """
+    def __init__(self, exporter: CountingExporter, batch: Mapping[str, int]) -> None:
+        self.exporter = exporter
+        self.limit = batch["max_queue_size"]
+        self.batch = BatchSpanProcessor(exporter, **batch)
+        self._closed = False
 
-    def __init__(self, maxlen: int, counters: Counters) -> None:
-        super().__init__((), maxlen)
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        """Nothing to do: spans are handed on when they end."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context.trace_flags.sampled:
+            return
+        counts, lock = self.exporter.counts, self.exporter.counters.lock
+        with lock:
+            accept = not self._closed and counts.pending < self.limit
+            if accept:
+                counts.accepted += 1
+            else:
+                counts.dropped += 1
+        if accept:
+            self.batch.on_end(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.batch.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        """Export what is queued within SHUTDOWN_WAIT_S; what is still pending then is lost."""
+        with self.exporter.counters.lock:
+            if self._closed:
+                return
+            self._closed = True
+        closing = threading.Thread(target=self.batch.shutdown, daemon=True,
+                                   name=f"kvscope-{self.exporter.name}-shutdown")
+        closing.start()
+        closing.join(SHUTDOWN_WAIT_S)
+        with self.exporter.counters.lock:
+            self.exporter.counts.lost += self.exporter.counts.pending
+            self.exporter.counts.final = True
+
+
+class _EndCounter(SpanProcessor):
+    """Counts every sampled span ended (the denominator of the loss figures)."""
+
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context.trace_flags.sampled:
+            with self.counters.lock:
+                self.counters.spans_ended += 1
+
+
+class StatsFile:
+    """RUN/spans/stats/<prefix>-<pid>.json, replaced whole (several exporter threads write)."""
+
+    def __init__(self, spans_dir: Path, prefix: str) -> None:
+        self.path = spans_dir / STATS_DIR / f"{prefix}-{os.getpid()}.json"
         self._lock = threading.Lock()
-        self._counters = counters
 
-    def appendleft(self, item: object) -> None:
+    def write(self, stats: Mapping[str, Any]) -> None:
         with self._lock:
-            if len(self) == self.maxlen:
-                self._counters.add(spans_dropped=1)
-            super().appendleft(item)
-
-    def pop(self) -> object:
-        with self._lock:
-            return super().pop()
-
-
-class CountingBatchProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor that counts the spans its full queue drops."""
-
-    def __init__(self, exporter: SpanExporter, counters: Counters, **kwargs: float) -> None:
-        super().__init__(exporter, **kwargs)
-        batch = self._batch_processor
-        batch._queue = _DropCountingQueue(batch._max_queue_size, counters)  # SDK-private
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = self.path.with_suffix(".tmp")
+                temporary.write_text(json.dumps(
+                    {**stats, "pid": os.getpid(), **failsafe_stats()}))
+                os.replace(temporary, self.path)
+            except OSError as e:
+                logger.warning("kvscope tracer: cannot write %s: %s", self.path, e)
 
 
-def otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
-    """The OTLP exporter the standard OTEL_* variables ask for, or None."""
-    wanted = env.get("OTEL_TRACES_EXPORTER", "").lower()
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT")
-    if "none" in wanted.split(",") or not (endpoint or "otlp" in wanted.split(",")):
-        return None
-    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
-    timeout = env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT")
-    kwargs = {"timeout": float(timeout)} if timeout else {}
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter(endpoint=endpoint, **kwargs)
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HTTPExporter,
-        )
-
-        if endpoint and not env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-            endpoint = endpoint.rstrip("/") + "/v1/traces"  # a base URL, as the spec says
-        return HTTPExporter(endpoint=endpoint, **kwargs)
-    raise ValueError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported; "
-                     "use grpc (port 4317) or http/protobuf (port 4318)")
-
-
-def batch_settings(env: Mapping[str, str]) -> dict[str, float]:
-    """The standard OTEL_BSP_* limits from `env` (unset ones keep the SDK's defaults)."""
-    names = {"OTEL_BSP_MAX_QUEUE_SIZE": "max_queue_size",
-             "OTEL_BSP_SCHEDULE_DELAY": "schedule_delay_millis",
-             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "max_export_batch_size",
-             "OTEL_BSP_EXPORT_TIMEOUT": "export_timeout_millis"}
-    return {arg: int(env[name]) for name, arg in names.items() if env.get(name)}
+def failsafe_stats() -> dict[str, dict[str, int]]:
+    """This process's kvscope errors: `hook_errors` by hook, `config_errors` by variable."""
+    hooks, configs = {}, {}
+    for where, n in failsafe.counts().items():
+        if where.startswith(failsafe.CONFIG):
+            configs[where[len(failsafe.CONFIG):]] = n
+        else:
+            hooks[where] = n
+    return {"hook_errors": hooks, "config_errors": configs}
 
 
 @dataclass
@@ -170,34 +224,46 @@ class Pipeline:
 
     provider: TracerProvider
     counters: Counters
-    exporters: list[str]
-    stats_path: Path | None
-    file_processor: BatchSpanProcessor | None = None
+    config: config.TracerConfig
+    stats_file: StatsFile | None = None
+    processors: dict[str, BoundedProcessor] = field(default_factory=dict)
     report_disk_backends: bool = False  # the serving processes' pipelines, not the client's
+    closed: bool = False
+
+    @property
+    def exporters(self) -> list[str]:
+        return list(self.processors)
 
     def write_stats(self) -> None:
-        if self.stats_path is None:
+        if self.stats_file is None:
             return
-        try:
-            self.stats_path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.stats_path.with_suffix(".tmp")
-            temporary.write_text(json.dumps({"exporters": self.exporters,
-                                             **self.counters.as_dict(),
-                                             "disk_backends": disk_backend_stats()
-                                             if self.report_disk_backends else []}))
-            os.replace(temporary, self.stats_path)
-        except OSError as e:
-            logger.warning("kvscope tracer: cannot write %s: %s", self.stats_path, e)
+        self.stats_file.write({"exporters": self.exporters, **self.counters.as_dict(),
+                               "closed": self.closed,
+                               "disk_backends": disk_backend_stats()
+                               if self.report_disk_backends else []})
 
-    def flush_files(self) -> None:
-        """Write every queued span to the run directory now (the phase ended)."""
-        if self.file_processor is not None:
-            self.file_processor.force_flush()
+    def flush(self) -> None:
+        """Export every queued span now (the phase ended), then write the stats."""
+        for processor in self.processors.values():
+            processor.force_flush()
         self.write_stats()
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Flush and stop every exporter, count what could not be sent, write the stats.
+        Idempotent: it runs from atexit and from multiprocessing's exit both."""
+        if self.closed:
+            return
+        self.closed = True
+        for processor in self.processors.values():
+            processor.shutdown()
         self.write_stats()
+
+    def shutdown_at_exit(self) -> None:
+        """Shut down before this process goes away: at interpreter exit (atexit), and when a
+        multiprocessing child (vLLM's engine core and workers) returns from its target, where
+        atexit never runs."""
+        atexit.register(self.shutdown)
+        multiprocessing.util.Finalize(None, self.shutdown, exitpriority=EXIT_PRIORITY)
 
 
 def disk_backend_stats() -> list[dict]:
@@ -213,34 +279,51 @@ def disk_backend_stats() -> list[dict]:
         return []
 
 
+def otlp_exporter(otlp: config.Otlp) -> SpanExporter:
+    """The OTLP exporter `otlp` describes (validated by tracer/config.py)."""
+    if otlp.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=otlp.endpoint, timeout=otlp.timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HTTPExporter,
+    )
+
+    return HTTPExporter(endpoint=otlp.url(), timeout=otlp.timeout_s)
+
+
 def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None,
           report_disk_backends: bool = False) -> Pipeline:
     """A provider exporting where `env` (default os.environ) says; see the module docstring.
     `report_disk_backends`: also write this process's disk backend counters with the stats."""
-    env = os.environ if env is None else env
+    failsafe.inject("pipeline.build")
+    cfg = config.load(env)
     counters = Counters()
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name),
+    resource = Resource.create({"service.name": cfg.service_name or service_name,
                                 "process.pid": os.getpid()})
-    provider = TracerProvider(resource=resource)
-    pipeline = Pipeline(provider, counters, [], None, report_disk_backends=report_disk_backends)
-    spans_dir = env.get(ENV_SPANS_DIR)
-    if spans_dir:
-        files = CountingExporter("file", OtlpJsonFileExporter(spans_dir, prefix), counters)
-        stats_exporter = _StatsAfterExport(files, pipeline)
-        pipeline.file_processor = CountingBatchProcessor(
-            stats_exporter, counters, schedule_delay_millis=FILE_FLUSH_MS)
-        provider.add_span_processor(pipeline.file_processor)
-        pipeline.exporters.append("file")
-        pipeline.stats_path = Path(spans_dir) / STATS_DIR / f"{prefix}-{os.getpid()}.json"
-    remote = otlp_exporter(env)
-    if remote is not None:
-        _quiet_repeated_exporter_logs()
-        provider.add_span_processor(
-            CountingBatchProcessor(CountingExporter("otlp", remote, counters), counters,
-                                   **batch_settings(env)))
-        pipeline.exporters.append("otlp")
+    provider = TracerProvider(resource=resource, sampler=cfg.sampler())
+    pipe = Pipeline(provider, counters, cfg, report_disk_backends=report_disk_backends)
+    if cfg.spans_dir is not None:
+        pipe.stats_file = StatsFile(cfg.spans_dir, prefix)
+        files = CountingExporter("file", OtlpJsonFileExporter(cfg.spans_dir, prefix), counters,
+                                 after=pipe.write_stats)
+        pipe.processors["file"] = BoundedProcessor(
+            files, {**cfg.batch, "schedule_delay_millis": FILE_FLUSH_MS})
+    if cfg.otlp is not None:
+        try:
+            remote = otlp_exporter(cfg.otlp)
+        except Exception as e:  # the SDK reads more OTEL_* variables itself
+            failsafe.count("config.OTEL_EXPORTER_OTLP", e,
+                           fix="OTLP export is off in this process; fix the OTEL_EXPORTER_OTLP_* "
+                           "variable the message names")
+        else:
+            _quiet_repeated_exporter_logs()
+            pipe.processors["otlp"] = BoundedProcessor(
+                CountingExporter("otlp", remote, counters, after=pipe.write_stats), cfg.batch)
+    for processor in pipe.processors.values():
+        provider.add_span_processor(processor)
     provider.add_span_processor(_EndCounter(counters))
-    return pipeline
+    return pipe
 
 
 class _FirstOnly(logging.Filter):
@@ -264,28 +347,3 @@ def _quiet_repeated_exporter_logs() -> None:
         log = logging.getLogger(name)
         if not any(isinstance(f, _FirstOnly) for f in log.filters):
             log.addFilter(_FirstOnly())
-
-
-class _StatsAfterExport(SpanExporter):
-    """Refreshes the stats file after each file batch, so a killed process leaves its counts."""
-
-    def __init__(self, inner: SpanExporter, pipeline: Pipeline) -> None:
-        self.inner, self.pipeline = inner, pipeline
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        result = self.inner.export(spans)
-        self.pipeline.write_stats()
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-
-class _EndCounter(SpanProcessor):
-    """Counts every ended span (the denominator of the loss figures)."""
-
-    def __init__(self, counters: Counters) -> None:
-        self.counters = counters
-
-    def on_end(self, span: ReadableSpan) -> None:
-        self.counters.add(spans_ended=1)

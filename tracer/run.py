@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Tracing for one `kvscope run`: the client's spans, the server's environment, the manifest.
 
-`RunTracing` is a PhaseObserver: at the end of each phase it writes the client's queued spans,
-waits until the server's processes have written theirs (they flush every FILE_FLUSH_MS), and
-records `manifest.tracer` from the per-process counters in RUN/spans/stats/, with the kvscope
-disk backend's counters as they stood at the end of each phase.
+`RunTracing` is a PhaseObserver: at the end of each phase it exports the client's queued spans,
+waits until the server's processes have written theirs (files every FILE_FLUSH_MS) and until no
+process has spans pending for any exporter (OTLP included; the stats files say), and records
+`manifest.tracer` from the per-process counters in RUN/spans/stats/, with the kvscope disk
+backend's counters as they stood at the end of each phase. After the server stopped, spans a
+process still had pending are counted as lost, so per exporter
+spans_ended == exported + failed + dropped + lost.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from tracer.vllm_plugin import ENV_TRACING
 
 SETTLE_S = 3 * pipeline.FILE_FLUSH_MS / 1000
 SETTLE_TIMEOUT_S = 15.0
+DRAIN_TIMEOUT_S = 15.0  # a dead collector's exports fail within OTEL_EXPORTER_OTLP_TIMEOUT
+COUNTS = ("accepted", "dropped", "exported", "failed", "export_failures", "lost", "pending")
 
 
 class RunTracing:
@@ -49,8 +54,9 @@ class RunTracing:
         self._phase = phase
 
     def stop_phase(self) -> None:
-        self._pipeline.flush_files()
+        self._pipeline.flush()
         wait_for_span_files(self.spans_dir)
+        wait_until_drained(self.spans_dir)
         summary = self.summary()
         if summary["disk_backend"]:
             self._disk_by_phase[self._phase] = summary["disk_backend"]
@@ -59,7 +65,8 @@ class RunTracing:
     def close(self) -> None:
         """After the server stopped: last client spans out, final counts in the manifest."""
         self._pipeline.shutdown()
-        rundir.update_manifest(self.run, "tracer", self._with_phases(self.summary()))
+        rundir.update_manifest(self.run, "tracer",
+                               self._with_phases(summarize_stats(self.spans_dir, final=True)))
 
     def summary(self) -> dict[str, Any]:
         return summarize_stats(self.spans_dir)
@@ -72,26 +79,52 @@ def disabled_summary() -> dict[str, Any]:
     return {"enabled": False, "exporters": [], "spans_dropped": 0, "export_failures": 0}
 
 
-def summarize_stats(spans_dir: Path) -> dict[str, Any]:
-    """manifest.tracer: every process's counters (RUN/spans/stats/*.json) summed, and the
-    kvscope disk backends' counters (cumulative since the server started; {} if none ran)."""
-    total: dict[str, Any] = {"enabled": True, "exporters": [], "spans_dropped": 0,
-                             "export_failures": 0, "failed_spans": 0, "spans_ended": 0,
-                             "spans_exported": {}, "processes": 0, "disk_backend": {}}
-    for path in sorted((spans_dir / pipeline.STATS_DIR).glob("*.json")):
-        try:
-            stats = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being replaced right now; the next summary counts it
+def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
+    """manifest.tracer: every process's counters (RUN/spans/stats/*.json) summed, per exporter
+    too, with the kvscope errors by hook and by config variable, and the kvscope disk backends'
+    counters (cumulative since the server started; {} if none ran). `final`: every process has
+    stopped, so what one still had pending is lost."""
+    total: dict[str, Any] = {"enabled": True, "exporters": [], "spans_ended": 0,
+                             "spans_exported": {}, "by_exporter": {}, "processes": 0,
+                             **{key: 0 for key in pipeline.TOTALS}, "hook_errors": {},
+                             "config_errors": {}, "disk_backend": {}}
+    for stats in read_stats(spans_dir):
         total["processes"] += 1
         total["exporters"] = sorted(set(total["exporters"]) | set(stats.get("exporters", ())))
-        for key in ("spans_dropped", "export_failures", "failed_spans", "spans_ended"):
-            total[key] += int(stats.get(key, 0))
-        for name, count in stats.get("spans_exported", {}).items():
-            total["spans_exported"][name] = total["spans_exported"].get(name, 0) + int(count)
+        total["spans_ended"] += int(stats.get("spans_ended", 0))
+        for name, counts in stats.get("by_exporter", {}).items():
+            _add_exporter_counts(total, name, counts, final or bool(stats.get("closed")))
+        for key in ("hook_errors", "config_errors"):
+            for where, count in stats.get(key, {}).items():
+                total[key][where] = total[key].get(where, 0) + int(count)
         for backend in stats.get("disk_backends", ()):
             _add_disk_counters(total["disk_backend"], backend)
     return total
+
+
+def read_stats(spans_dir: Path) -> list[dict[str, Any]]:
+    """Every process's last written stats (one being replaced right now is skipped)."""
+    out = []
+    for path in sorted((spans_dir / pipeline.STATS_DIR).glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # the next summary counts it
+    return out
+
+
+def _add_exporter_counts(total: dict[str, Any], name: str, counts: dict[str, Any],
+                         stopped: bool) -> None:
+    counts = {key: int(counts.get(key, 0)) for key in COUNTS}
+    if stopped:  # pending in a process that has gone away: never exported
+        counts["lost"] += counts["pending"]
+        counts["pending"] = 0
+    mine = total["by_exporter"].setdefault(name, dict.fromkeys(COUNTS, 0))
+    for key, value in counts.items():
+        mine[key] += value
+    total["spans_exported"][name] = mine["exported"]
+    for key, field in pipeline.TOTALS.items():
+        total[key] += counts[field]
 
 
 def _add_disk_counters(total: dict[str, Any], backend: dict[str, Any]) -> None:
@@ -114,3 +147,16 @@ def wait_for_span_files(spans_dir: Path, settle_s: float = SETTLE_S,
         elif time.monotonic() - since >= settle_s:
             return
         time.sleep(settle_s / 4)
+
+
+def wait_until_drained(spans_dir: Path, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+    """Wait until no process has a span pending for any exporter; False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = sum(int(counts.get("pending", 0)) for stats in read_stats(spans_dir)
+                      for counts in stats.get("by_exporter", {}).values())
+        if pending == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pipeline.FILE_FLUSH_MS / 4000)

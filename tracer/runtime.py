@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""This process's tracer: built on first use (after any fork), shut down at exit.
+"""This process's tracer: built on first use (after any fork), shut down before exit.
 
 vLLM forks and spawns processes after general plugins have run; building the provider lazily
-and per pid means every process gets its own exporter threads and its own files. Times: spans
-get explicit start/end stamps, `monotonic_ns + offset`, where the offset is the run's
-(`KVSCOPE_CLOCK_OFFSET_NS`, the same number the manifest records), so subtracting it gives
-back CLOCK_MONOTONIC times that line up with the eBPF probes' events.
+and per pid means every process gets its own exporter threads and its own files. `get()` never
+raises: if the pipeline cannot be built, the error is counted and logged once, the failure is
+kept for this pid, and `get()` returns None ("tracing off in this process"), so vLLM serves as
+if kvscope were not installed. Times: spans get explicit start/end stamps,
+`monotonic_ns + offset`, where the offset is the run's (`KVSCOPE_CLOCK_OFFSET_NS`, the same
+number the manifest records), so subtracting it gives back CLOCK_MONOTONIC times that line up
+with the eBPF probes' events.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
@@ -18,44 +20,69 @@ import time
 from opentelemetry import trace
 
 from kvscope.clock import measure_offset
-from tracer import pipeline
+from tracer import config, failsafe, pipeline
 from tracer.version import __version__
 
-ENV_OFFSET = "KVSCOPE_CLOCK_OFFSET_NS"
+ENV_OFFSET = config.ENV_OFFSET
 SCOPE = "kvscope.tracer"
+BUILD = "pipeline.build"  # where a failed build is counted (failsafe.counts())
+BUILD_FIX = ("tracing is off in this process and vLLM serves as if kvscope were not installed; "
+             "fix the cause this line names, or set KVSCOPE_TRACING=0")
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
 def clock_offset_ns() -> int:
-    """The run's monotonic -> epoch offset, or one measured here when no run set it."""
-    value = os.environ.get(ENV_OFFSET)
-    if value:
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"{ENV_OFFSET}={value!r} is not an integer number of ns") from None
-    return measure_offset().offset_ns
+    """The run's monotonic -> epoch offset, or one measured here when no (valid) run's is set."""
+    offset = config.load().clock_offset_ns
+    return measure_offset().offset_ns if offset is None else offset
 
 
-def get(service_name: str = "kvscope-vllm", prefix: str = "vllm") -> "Runtime":
-    """This process's Runtime (a serving process: vLLM's), built on the first call in each."""
+def get(service_name: str = "kvscope-vllm", prefix: str = "vllm") -> "Runtime | None":
+    """This process's Runtime (a serving process: vLLM's), built on the first call in each;
+    None when it could not be built here (counted, logged once, not retried)."""
     pid = os.getpid()
     with _lock:
-        runtime = _state.get("runtime")
-        if not isinstance(runtime, Runtime) or runtime.pid != pid:
-            runtime = Runtime(pipeline.build(service_name, prefix, report_disk_backends=True),
-                              clock_offset_ns())
-            _state["runtime"] = runtime
-            atexit.register(runtime.pipeline.shutdown)
-        return runtime
+        if _state.get("pid") != pid:
+            _state["pid"], _state["runtime"] = pid, _build(service_name, prefix)
+        runtime = _state["runtime"]
+        return runtime if isinstance(runtime, Runtime) else None
+
+
+def _build(service_name: str, prefix: str) -> "Runtime | None":
+    try:
+        pipe = pipeline.build(service_name, prefix, report_disk_backends=True)
+        runtime = Runtime(pipe, clock_offset_ns())
+    except Exception as e:
+        failsafe.count(BUILD, e, fix=BUILD_FIX)
+        _stats_of_failed_build(prefix)
+        return None
+    pipe.shutdown_at_exit()
+    return runtime
+
+
+def _stats_of_failed_build(prefix: str) -> None:
+    """A stats file without exporters, so manifest.tracer counts this process's error."""
+    try:
+        spans_dir = config.load().spans_dir
+        if spans_dir is not None:
+            pipeline.StatsFile(spans_dir, prefix).write({"exporters": [], "spans_ended": 0,
+                                                         "closed": True})
+    except Exception as e:  # no stats then; the log line above still says what failed
+        failsafe.count(BUILD + ".stats", e, fix=BUILD_FIX)
 
 
 def peek() -> "Runtime | None":
     """This process's Runtime if one was built here, without building one."""
     runtime = _state.get("runtime")
     return runtime if isinstance(runtime, Runtime) and runtime.pid == os.getpid() else None
+
+
+def reset() -> None:
+    """Forget this process's Runtime or failure (tests)."""
+    with _lock:
+        _state.clear()
 
 
 class Runtime:

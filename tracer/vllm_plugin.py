@@ -2,14 +2,22 @@
 """vLLM general plugin (entry point `vllm.general_plugins`): tracing, only when asked for.
 
 vLLM runs general plugins in each of its processes. With `KVSCOPE_TRACING=1` in the server's
-environment this instruments that process; otherwise it returns without importing anything.
+environment this validates the tracer's configuration (one warning per bad value), says in one
+line per process whether tracing is on, where spans go and with which sampler (and why nothing
+will be exported, if so), and instruments that process. Otherwise it returns without importing
+anything. It never raises into vLLM.
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
 
 ENV_TRACING = "KVSCOPE_TRACING"
+PLUGIN = "kvscope_tracing"  # this plugin's entry-point name (pyproject.toml)
+# Under vLLM's logger, so the line carries vLLM's process prefix and level settings.
+logger = logging.getLogger("vllm.kvscope_tracing")
 
 
 def enabled(env: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
@@ -17,8 +25,44 @@ def enabled(env: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
 
 
 def register() -> None:
-    if not enabled():
+    value = os.environ.get(ENV_TRACING, "0").strip()
+    if value == "0":
         return
+    if value != "1":
+        logger.warning("kvscope tracing: off in pid %d: %s=%r is neither 1 nor 0; set %s=1 to "
+                       "trace", os.getpid(), ENV_TRACING, value, ENV_TRACING)
+        return
+    from tracer import failsafe
+
+    try:
+        _start()
+    except Exception as e:  # vLLM goes on without kvscope's tracing
+        failsafe.count("vllm_plugin.register", e,
+                       fix="tracing is off in this process; vLLM serves as if kvscope were not "
+                       "installed")
+
+
+def _start() -> None:
+    from tracer import config
     from tracer.instrumentor import KvscopeInstrumentor
 
+    cfg = config.load()
+    where = cfg.destinations()
+    process = f"pid {os.getpid()} ({multiprocessing.current_process().name})"
+    if where:
+        logger.info("kvscope tracing: on in %s; spans to %s; sampler %s", process,
+                    " and ".join(where), cfg.sampler_text())
+    else:
+        logger.warning("kvscope tracing: on in %s but nothing will be exported: neither %s nor "
+                       "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set (or they were refused "
+                       "above); sampler %s", process, config.ENV_SPANS_DIR, cfg.sampler_text())
     KvscopeInstrumentor().instrument()
+
+
+def warn_if_not_loaded() -> None:
+    """For kvscope's other plugin: KVSCOPE_TRACING=1 but VLLM_PLUGINS leaves this one out."""
+    plugins = os.environ.get("VLLM_PLUGINS")
+    if enabled() and plugins is not None and PLUGIN not in plugins.split(","):
+        logger.warning("kvscope tracing: off in pid %d: %s=1 but VLLM_PLUGINS=%r does not name "
+                       "%s, so vLLM does not load it; add %s to VLLM_PLUGINS", os.getpid(),
+                       ENV_TRACING, plugins, PLUGIN, PLUGIN)

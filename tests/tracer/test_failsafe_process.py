@@ -1,0 +1,141 @@
+"""A process's tracer: never raises when it cannot be built, samples by OTEL_TRACES_SAMPLER,
+and exports its last spans before a multiprocessing child (vLLM's engine core, worker) exits."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from tracer_testkit import wait_until
+
+from tracer import config, failsafe, pipeline, runtime, semconv
+from tracer.run import summarize_stats
+
+RATIO = 0.25
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    failsafe.reset()
+    config.reset()
+    runtime.reset()
+    yield
+    failsafe.reset()
+    config.reset()
+    runtime.reset()
+
+
+def test_a_pipeline_that_cannot_be_built_means_tracing_off_here_counted_once(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(pipeline.ENV_SPANS_DIR, str(tmp_path))
+    monkeypatch.setattr(failsafe, "_FAULTS", frozenset({runtime.BUILD}))
+    with caplog.at_level(logging.WARNING, logger="tracer.failsafe"):
+        assert runtime.get() is None
+        assert runtime.get() is None, "the failure is kept: no retry per call"
+    assert failsafe.counts() == {runtime.BUILD: 1}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "InjectedFault" in lines[0] and "tracing is off" in lines[0]
+    summary = summarize_stats(tmp_path, final=True)
+    assert summary["hook_errors"] == {runtime.BUILD: 1} and summary["processes"] == 1
+
+
+def test_a_bad_clock_offset_does_not_stop_the_runtime(monkeypatch, caplog):
+    monkeypatch.setenv(runtime.ENV_OFFSET, "abc")
+    rt = runtime.get()
+    assert rt is not None and abs(rt.epoch(time.monotonic_ns()) - time.time_ns()) < 1e9
+    assert failsafe.counts() == {failsafe.CONFIG + runtime.ENV_OFFSET: 1}
+
+
+def _emit_roots(rt: runtime.Runtime, count: int) -> list:
+    spans = []
+    for _ in range(count):
+        span = rt.tracer.start_span(semconv.SPAN_QUEUE)
+        span.end()
+        spans.append(span)
+    return spans
+
+
+def test_parentbased_traceidratio_at_a_quarter_samples_exactly_the_traces_it_should(tmp_path):
+    env = {pipeline.ENV_SPANS_DIR: str(tmp_path), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+           "OTEL_TRACES_SAMPLER_ARG": str(RATIO)}
+    rt = runtime.Runtime(pipeline.build("test", "test", env), offset_ns=0)
+    roots = _emit_roots(rt, 400)
+    bound = round(RATIO * (1 << 64))  # TraceIdRatioBased: the low 64 bits of the trace id
+    sampled = [s for s in roots if s.get_span_context().trace_flags.sampled]
+    for span in roots:
+        low = span.get_span_context().trace_id & ((1 << 64) - 1)
+        assert span.get_span_context().trace_flags.sampled == (low < bound)
+    assert 50 < len(sampled) < 150
+    children = []
+    for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT):  # a caller's traceparent decides
+        parent = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331,
+                             is_remote=True, trace_flags=TraceFlags(flags))
+        context = trace.set_span_in_context(NonRecordingSpan(parent))
+        child = rt.tracer.start_span(semconv.SPAN_KV_LOOKUP, context=context)
+        child.end()
+        children.append(child.get_span_context().trace_flags.sampled)
+    assert children == [True, False]
+    rt.pipeline.shutdown()
+    stats = rt.pipeline.counters.as_dict()
+    assert stats["spans_ended"] == len(sampled) + 1
+    assert stats["spans_exported"] == {"file": len(sampled) + 1}, "unsampled spans cost no export"
+
+
+def child_main(env: dict[str, str], count: int, wait_for_sigterm: bool) -> None:
+    """A multiprocessing child like vLLM's: builds its tracer, ends spans, returns or is
+    SIGTERMed (vLLM's handler raises SystemExit). atexit never runs in such a child."""
+    os.environ.update(env)
+
+    def on_sigterm(signum, frame):
+        raise SystemExit()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    rt = runtime.get()
+    for i in range(count):
+        span = rt.tracer.start_span(semconv.SPAN_QUEUE, attributes={semconv.REQUEST_ID: f"r{i}"})
+        span.end()
+    if wait_for_sigterm:
+        (Path(env[pipeline.ENV_SPANS_DIR]) / "ready").touch()
+        time.sleep(60)
+
+
+def vllm_like_parent(env: dict[str, str], count: int, ending: str) -> None:
+    """A fresh process (no gRPC state inherited from pytest) that forks a child, as vLLM's
+    API server and engine core do, and ends it the way vLLM does: lets it return or SIGTERMs
+    it. Exits with the child's exit code."""
+    child = multiprocessing.get_context("fork").Process(
+        target=child_main, args=(env, count, ending == "sigterm"))
+    child.start()
+    if ending == "sigterm":
+        ready = Path(env[pipeline.ENV_SPANS_DIR]) / "ready"
+        wait_until(ready.exists, timeout_s=60)
+        child.terminate()
+    child.join(60)
+    raise SystemExit(child.exitcode)
+
+
+@pytest.mark.parametrize("ending", ["returns", "sigterm"])
+def test_a_forked_child_exports_its_last_spans_before_it_exits(ending, tmp_path, otlp_receiver):
+    receiver, endpoint = otlp_receiver
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, pipeline.ENV_SPANS_DIR: str(tmp_path),
+           "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # nothing leaves before the exit flush
+    parent = multiprocessing.get_context("spawn").Process(target=vllm_like_parent,
+                                                          args=(env, 25, ending))
+    parent.start()
+    parent.join(120)
+    assert parent.exitcode == 0  # SystemExit() in the child is a clean exit
+    assert len(receiver.spans()) == 25, "every span reached the collector"
+    (stats_path,) = (tmp_path / pipeline.STATS_DIR).iterdir()
+    stats = json.loads(stats_path.read_text())
+    assert stats["closed"] is True and stats["spans_ended"] == 25
+    assert {name: c["exported"] for name, c in stats["by_exporter"].items()} == {
+        "file": 25, "otlp": 25}
+    assert stats["spans_lost"] == 0 and stats["spans_dropped"] == 0
