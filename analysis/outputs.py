@@ -1,7 +1,15 @@
-"""Analyse a run and write its outputs into it (attribution.parquet, summary.json, report)."""
+"""Analyse a run and write its outputs into it (attribution.parquet, summary.json, report), and
+read them back while they are current, so readers (the dashboard) need not analyse again.
+
+Outputs are current when summary.json carries this analysis version and the fingerprint of
+the run's inputs (every producer file's size and mtime, the manifest without its `analysis`
+section) that they were made from. `spans.parquet` is the spans as analysis read them
+(attributes as JSON text): parsing the OTLP files is most of the cost of loading a run.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -10,12 +18,31 @@ import pandas as pd
 
 from analysis import report
 from analysis.attribution import attribute
-from analysis.run import load_run
+from analysis.run import Run, load_run
 from analysis.summary import ANALYSIS_VERSION, summarize
 from kvscope import rundir
 
 ATTRIBUTION_FILE = "attribution.parquet"
 SUMMARY_FILE = "summary.json"
+SPANS_FILE = "spans.parquet"
+
+
+def inputs_fingerprint(path: Path) -> str:
+    """What the outputs were made from: producer files (size, mtime) and the manifest's body."""
+    files = [rundir.table_path(path, name) for name in rundir.TABLES]
+    files += sorted((path / rundir.SPANS_DIR).glob("*.json"))
+    digest = hashlib.sha256()
+    for f in files:
+        if f.exists():
+            st = f.stat()
+            digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    try:
+        manifest = rundir.read_manifest(path)
+    except rundir.RunDirError:
+        manifest = {}
+    manifest.pop("analysis", None)
+    digest.update(json.dumps(manifest, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:32]
 
 
 def analyze(path: str | Path, *, plots: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -24,7 +51,11 @@ def analyze(path: str | Path, *, plots: bool = True) -> tuple[pd.DataFrame, dict
     run = load_run(path)
     attribution = attribute(run)
     summary = summarize(run, attribution)
+    summary["request_notes"] = run.request_notes
+    summary["inputs_fingerprint"] = inputs_fingerprint(path)
     attribution.to_parquet(path / ATTRIBUTION_FILE, index=False)
+    run.spans.assign(attributes=run.spans["attributes"].map(
+        lambda a: json.dumps(a, default=str))).to_parquet(path / SPANS_FILE, index=False)
     (path / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     if plots:
         report.write(path, attribution, summary)
@@ -39,3 +70,23 @@ def load_attribution(path: str | Path) -> pd.DataFrame:
     if (path / ATTRIBUTION_FILE).exists():
         return pd.read_parquet(path / ATTRIBUTION_FILE)
     return attribute(load_run(path))
+
+
+def load_current(path: str | Path) -> tuple[Run, pd.DataFrame, dict[str, Any]] | None:
+    """(run, attribution, summary) from the run's analysis outputs when they are current (the
+    run's spans from spans.parquet, attributes as JSON text); None when any is missing or stale.
+    """
+    path = Path(path)
+    try:
+        summary = json.loads((path / SUMMARY_FILE).read_text())
+        if (summary.get("analysis_version") != ANALYSIS_VERSION
+                or summary.get("inputs_fingerprint") != inputs_fingerprint(path)):
+            return None
+        attribution = pd.read_parquet(path / ATTRIBUTION_FILE)
+        spans = pd.read_parquet(path / SPANS_FILE)
+    except (OSError, ValueError):
+        return None
+    run = load_run(path, read_spans=False)
+    run.spans, run.problems = spans, list(summary.get("problems", run.problems))
+    run.request_notes = {k: list(v) for k, v in summary.get("request_notes", {}).items()}
+    return run, attribution, summary

@@ -45,8 +45,9 @@ def empty_table(name: str) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=_DTYPES[k]) for c, k in columns.items()})
 
 
-def load_run(path: str | Path) -> Run:
-    """Read every table and span file of the run at `path`.
+def load_run(path: str | Path, *, read_spans: bool = True) -> Run:
+    """Read every table and span file of the run at `path` (`read_spans=False`: leave the
+    spans empty, for a caller that has them already, as analysis.outputs.load_current).
 
     Raises:
         FileNotFoundError: `path` is not a directory.
@@ -58,10 +59,10 @@ def load_run(path: str | Path) -> Run:
     manifest = _manifest(path, problems)
     tables = {name: _table(path, name, problems) for name in rundir.TABLES}
     offset_ns = _offset_ns(manifest, problems)
-    files = sorted((path / rundir.SPANS_DIR).glob("*.json"))
+    files = sorted((path / rundir.SPANS_DIR).glob("*.json")) if read_spans else []
     spans, span_problems = otlp.read_span_files(files, offset_ns)
     problems += span_problems
-    if not files:
+    if not files and read_spans:
         problems.append(f"{path / rundir.SPANS_DIR}/*.json: no span files (tracer off?); "
                         "TTFT cannot be split into components")
     spans, notes = _clean_spans(spans, problems)

@@ -25,7 +25,8 @@ def _header(runs: dict[str, data.RunData]) -> html.Header:
 
 
 def create_app(run_dirs: Iterable[str | Path], *, jaeger_url: str | None = None) -> Dash:
-    """A Dash app over the given run directories, each loaded and analysed once, here.
+    """A Dash app over the given run directories, each loaded once, here: from its analysis
+    outputs when they are current, else analysed.
 
     Raises:
         data.DashboardError: a run cannot be read, or the Jaeger URL is not http(s);
@@ -41,10 +42,11 @@ def build_app(runs: dict[str, data.RunData], *, jaeger_url: str | None = None) -
     has_nvme = any(not rd.run.nvme_io.empty for rd in runs.values())
     app = Dash(__name__, title="kvscope dashboard", assets_folder=str(ASSETS),
                serve_locally=True)
+    phase = data.default_phase(runs)
     app.layout = html.Main(className="page", children=[
         _header(runs),
-        overview.layout(list(runs), data.phases(runs)),
-        request.layout(data.request_options(runs, list(runs), None)),
+        overview.layout(list(runs), data.phases(runs), phase),
+        request.layout(data.request_options(runs, list(runs), phase)),
         device.layout(has_nvme),
         download.layout(),
     ])

@@ -26,11 +26,12 @@ def update_breakdown(runs: dict[str, RunData], labels: list[str] | None, phase: 
     return figures.build_breakdown(data.attribution_of(runs, labels, phase), sort_by=sort_by)
 
 
-def update_summary_views(runs: dict[str, RunData], labels: list[str] | None,
-                         phase: str | None) -> tuple[go.Figure, go.Figure, html.Table]:
-    """Per-concurrency means, percentiles and findings of the selection."""
+def update_summary_views(runs: dict[str, RunData], labels: list[str] | None, phase: str | None
+                         ) -> tuple[go.Figure, go.Figure, go.Figure, html.Table]:
+    """Per-concurrency means, percentiles, throughput and findings of the selection."""
     return (figures.build_concurrency(data.attribution_of(runs, labels, phase)),
             figures.build_percentiles(data.percentiles_of(runs, labels, phase)),
+            figures.build_throughput(data.throughput_of(runs, labels, phase)),
             table(data.findings_of(runs, labels), "no findings for the selected runs"))
 
 
@@ -131,6 +132,7 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
         return update_breakdown(runs, labels, phase, sort_by)
 
     @app.callback(Output(ids.CONCURRENCY_GRAPH, "figure"), Output(ids.PERCENTILE_GRAPH, "figure"),
+                  Output(ids.THROUGHPUT_GRAPH, "figure"),
                   Output(ids.FINDINGS, "children"), Input(ids.RUNS, "value"),
                   Input(ids.PHASE, "value"))
     def _summary(labels, phase):

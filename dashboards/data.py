@@ -52,16 +52,24 @@ def parse_key(key: str) -> tuple[str, str, str]:
 
 
 def _load_one(path: Path, label: str) -> RunData:
+    """The run from its analysis outputs when they are current (`kvscope analyze` wrote them
+    from these very inputs), else read and analysed here."""
+    from analysis import outputs
+
     try:
-        run = analysis.load_run(path)
+        current = outputs.load_current(path) if path.is_dir() else None
+        run = current[0] if current else analysis.load_run(path)
     except (OSError, rundir.RunDirError) as e:
         raise DashboardError(f"cannot read run {path}: {e}") from None
     if run.requests.empty:
         why = "; ".join(run.problems) or "requests.parquet has no rows"
         raise DashboardError(f"run {path} has no requests to show ({why}); "
                              "pass a directory written by `kvscope run`")
-    attribution = analysis.attribute(run)
-    summary = analysis.summarize(run, attribution)
+    if current:
+        attribution, summary = current[1], current[2]
+    else:
+        attribution = analysis.attribute(run)
+        summary = analysis.summarize(run, attribution)
     extra = run.requests[["request_id", "phase", "arrival_ns", "trace_id"]]
     attribution = attribution.merge(extra, on=["request_id", "phase"], how="left")
     keys = [request_key(label, p, r) for p, r in zip(attribution["phase"], attribution["request_id"])]
@@ -84,15 +92,33 @@ def _pick(runs: dict[str, RunData], labels: list[str] | None) -> list[RunData]:
     return [runs[label] for label in (labels or []) if label in runs]
 
 
+COLD = "cold*"  # the phase choice meaning every cold phase (the study's question)
+ALL = "all"  # the phase choice meaning every phase (as None does)
+
+
+def in_phase(phases: pd.Series, phase: str | None) -> pd.Series:
+    """Which rows the phase choice keeps: one phase, every cold phase (COLD), or all."""
+    if not phase or phase == ALL:
+        return pd.Series(True, index=phases.index)
+    if phase == COLD:
+        return phases.astype(str).str.startswith("cold")
+    return phases == phase
+
+
+def default_phase(runs: dict[str, RunData]) -> str:
+    """The view the app opens on: the cold phases when any run has one, else every phase."""
+    return COLD if any(p.startswith("cold") for p in phases(runs)) else ALL
+
+
 def attribution_of(runs: dict[str, RunData], labels: list[str] | None,
                    phase: str | None = None) -> pd.DataFrame:
-    """The selected runs' per-request attribution, optionally one phase only."""
+    """The selected runs' per-request attribution, optionally one phase (or COLD) only."""
     frames = [rd.attribution for rd in _pick(runs, labels)]
     if not frames:
         return next(iter(runs.values())).attribution.iloc[0:0]
     frame = pd.concat(frames, ignore_index=True)
     frame = frame[frame["ttft_ns"].notna()]  # failed requests: counted in findings_of
-    return frame if not phase else frame[frame["phase"] == phase]
+    return frame[in_phase(frame["phase"], phase)]
 
 
 def percentiles_of(runs: dict[str, RunData], labels: list[str] | None,
@@ -101,7 +127,7 @@ def percentiles_of(runs: dict[str, RunData], labels: list[str] | None,
     rows = []
     for rd in _pick(runs, labels):
         for group in rd.summary.get("groups", []):
-            if phase and group["phase"] != phase:
+            if not in_phase(pd.Series([group["phase"]]), phase).iloc[0]:
                 continue
             series = f"{rd.label} · {group['phase']} c={group['concurrency']}"
             for component, stats in group["percentiles_ns"].items():
@@ -111,6 +137,25 @@ def percentiles_of(runs: dict[str, RunData], labels: list[str] | None,
                          for name, value in stats.items() if name != "mean"]
     return pd.DataFrame(rows, columns=["run", "series", "phase", "concurrency", "component",
                                        "percentile", "value_ns"])
+
+
+def throughput_of(runs: dict[str, RunData], labels: list[str] | None,
+                  phase: str | None = None) -> pd.DataFrame:
+    """summarize()'s throughput per (phase, concurrency), long form: run, level, metric, value."""
+    rows = []
+    for rd in _pick(runs, labels):
+        for r in rd.summary.get("throughput", []):
+            if not in_phase(pd.Series([r["phase"]]), phase).iloc[0]:
+                continue
+            rows += [{"run": rd.label, "level": f"{r['phase']} c={r['concurrency']}",
+                      "metric": name, "value": r.get(key)}
+                     for key, name in THROUGHPUT_METRICS.items() if r.get(key) is not None]
+    return pd.DataFrame(rows, columns=["run", "level", "metric", "value"])
+
+
+THROUGHPUT_METRICS = {"requests_per_s": "requests/s",
+                      "storage_tokens_per_s": "prompt tokens/s from storage",
+                      "output_tokens_per_s": "output tokens/s"}
 
 
 def phases(runs: dict[str, RunData]) -> list[str]:

@@ -140,16 +140,37 @@ def build_concurrency(attribution: pd.DataFrame) -> go.Figure:
     return _style(fig, "Mean TTFT breakdown per concurrency level")
 
 
+PANEL_COMPONENTS = ("ttft", *COMPONENTS)  # one panel each; the storage sub-parts stay in tables
+
+
 def build_percentiles(percentiles: pd.DataFrame) -> go.Figure:
-    """Percentiles per component, one panel per percentile, series (run, group) side by side."""
+    """One panel per component (TTFT and its parts), each on its own scale: the series
+    (run, group) side by side, p50 / p90 / p99 as grouped bars."""
     _require(percentiles, ["series", "component", "percentile", "value_ns"], "the percentile view")
-    if percentiles.empty:
+    frame = percentiles[percentiles["component"].isin(PANEL_COMPONENTS)]
+    if frame.empty:
         return empty("analysis reported no percentiles for the selected runs")
-    frame = percentiles.assign(ms=percentiles["value_ns"] / 1e6,
-                               series=percentiles["series"].map(text),
-                               component=percentiles["component"].map(text))
-    fig = px.bar(frame, x="component", y="ms", color="series", facet_col="percentile",
-                 barmode="group", labels={**LABELS, "component": ""},
-                 category_orders={"component": list(dict.fromkeys(frame["component"]))})
-    fig.update_xaxes(tickangle=-45)
-    return _style(fig, "Percentiles per component")
+    frame = frame.assign(ms=frame["value_ns"] / 1e6, series=frame["series"].map(text))
+    shown = [c for c in PANEL_COMPONENTS if c in set(frame["component"])]
+    fig = px.bar(frame, x="series", y="ms", color="percentile", facet_col="component",
+                 facet_col_wrap=4, facet_row_spacing=0.14, barmode="group",
+                 labels={**LABELS, "series": ""}, category_orders={"component": shown},
+                 color_discrete_sequence=["#1f77b4", "#ff7f0e", "#d62728"])
+    fig.update_yaxes(matches=None, showticklabels=True, title_text="")
+    fig.update_xaxes(tickangle=-30, showticklabels=True)
+    fig.update_layout(height=300 * ((len(shown) + 3) // 4) + 120)
+    return _style(fig, "Percentiles per component (ms; each panel on its own scale)")
+
+
+def build_throughput(throughput: pd.DataFrame) -> go.Figure:
+    """Per metric (requests/s, prompt tokens/s from storage, output tokens/s): one panel, the
+    phases on x and the runs side by side."""
+    _require(throughput, ["run", "level", "metric", "value"], "the throughput view")
+    if throughput.empty:
+        return empty("analysis reported no throughput for the selected runs and phase")
+    frame = throughput.assign(run=throughput["run"].map(text), level=throughput["level"].map(text))
+    fig = px.bar(frame, x="level", y="value", color="run", facet_col="metric", barmode="group",
+                 labels={**LABELS, "level": "", "value": ""},
+                 category_orders={"metric": list(dict.fromkeys(frame["metric"]))})
+    fig.update_yaxes(matches=None, showticklabels=True, rangemode="tozero")
+    return _style(fig, "Throughput per phase")

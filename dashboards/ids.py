@@ -1,12 +1,13 @@
 """Component ids, defined once and shared by the layout (pages/) and the callbacks."""
 
 RUNS = "runs-checklist"  # which loaded runs the views show
-PHASE = "phase-dropdown"  # restrict the TTFT views to one workload phase
+PHASE = "phase-choice"  # restrict the TTFT views to the cold phases (default), one phase or all
 SORT = "sort-dropdown"  # order of the per-request bars
 
 BREAKDOWN_GRAPH = "breakdown-graph"  # stacked TTFT components per request
 CONCURRENCY_GRAPH = "concurrency-graph"  # mean components per concurrency level
-PERCENTILE_GRAPH = "percentile-graph"  # p50/p90/p99 per component
+PERCENTILE_GRAPH = "percentile-graph"  # p50/p90/p99, one panel per component
+THROUGHPUT_GRAPH = "throughput-graph"  # requests/s and tokens/s per phase
 FINDINGS = "findings-table"  # analysis findings ("why"), per run
 
 REQUEST = "request-dropdown"  # the request whose waterfall is shown

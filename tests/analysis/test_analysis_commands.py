@@ -123,3 +123,27 @@ def test_whatif_prints_the_published_comparison(capsys):
 def test_whatif_fits_a_run(two_runs, capsys):
     assert main(["whatif", "--run", str(two_runs[0]), "--read-gbps", "5.23"]) == 0
     assert "vs the run's median" in capsys.readouterr().out
+
+
+def test_outputs_are_read_back_while_current_and_not_after_an_input_changes(tmp_path):
+    from analysis import load_run, outputs
+
+    run = synthetic.make_run(tmp_path / "run", n_requests=30, seed=3)
+    assert outputs.load_current(run) is None  # never analysed
+    attribution, summary = outputs.analyze(run, plots=False)
+    loaded = outputs.load_current(run)
+    assert loaded is not None
+    cached_run, cached_attribution, cached_summary = loaded
+    pd.testing.assert_frame_equal(cached_attribution, attribution)
+    assert cached_summary["groups"] == summary["groups"]
+    fresh = load_run(run)
+    assert len(cached_run.spans) == len(fresh.spans)
+    assert list(cached_run.spans["name"]) == list(fresh.spans["name"])
+    assert cached_run.problems == fresh.problems
+    rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 1e9})  # an input changed
+    assert outputs.load_current(run) is None
+    outputs.analyze(run, plots=False)
+    assert outputs.load_current(run) is not None
+    requests = rundir.read_table(run, "requests")
+    requests.to_parquet(rundir.table_path(run, "requests"), index=False)  # rewritten
+    assert outputs.load_current(run) is None

@@ -24,7 +24,7 @@ def test_two_runs_side_by_side_every_view_and_no_console_errors(dash_duo, synthe
     assert "serial" in breakdown and "parallel" in breakdown  # one panel per run
     assert "storage_read" in breakdown  # the legend of components
     bars = dash_duo.find_elements(f"#{ids.BREAKDOWN_GRAPH} .bars path")
-    assert len(bars) == 6 * 48  # 6 components x (24 + 24) requests
+    assert len(bars) == 6 * 36  # 6 components x (12 + 24) cold requests: the default view
     assert "cold c=4" in graph_text(dash_duo, ids.CONCURRENCY_GRAPH)
     assert "p99" in graph_text(dash_duo, ids.PERCENTILE_GRAPH)
     assert "in-flight requests" in graph_text(dash_duo, ids.DEVICE_GRAPH)
@@ -48,4 +48,26 @@ def test_clicking_a_request_bar_updates_its_waterfall(dash_duo, synthetic_runs):
     clicked = dash_duo.find_element(f"#{ids.REQUEST}").text.split(" · ")[2]
     assert clicked in dash_duo.find_element(title).text
     assert clicked not in before
+    assert dash_duo.get_logs() == []
+
+
+def test_the_page_opens_on_the_cold_phases_and_warm_is_one_click_away(dash_duo, synthetic_runs):
+    dash_duo.start_server(create_app(synthetic_runs))
+    dash_duo.wait_for_element(f"#{ids.BREAKDOWN_GRAPH} .bars path", timeout=20)
+    dash_duo.wait_for_contains_text(f"#{ids.THROUGHPUT_GRAPH}", "requests/s", timeout=20)
+    checked = dash_duo.find_element(f"#{ids.PHASE} input:checked").get_attribute("value")
+    assert checked == "cold*"
+    percentiles = graph_text(dash_duo, ids.PERCENTILE_GRAPH)
+    for component in ("ttft", "storage_read", "prefill", "queueing"):
+        assert component in percentiles  # one panel each
+    assert "warm" not in percentiles and "warm" not in graph_text(dash_duo, ids.CONCURRENCY_GRAPH)
+    assert "cold" in dash_duo.find_element(f"#{ids.REQUEST}").text  # a cold request's waterfall
+    assert len(dash_duo.find_elements(f"#{ids.BREAKDOWN_GRAPH} .bars path")) == 6 * 36
+    warm = next(e for e in dash_duo.find_elements(f"#{ids.PHASE} label") if e.text == "warm")
+    warm.click()
+    dash_duo._wait_for(lambda d: len(d.find_elements(
+        By.CSS_SELECTOR, f"#{ids.BREAKDOWN_GRAPH} .bars path")) == 6 * 12, timeout=20,
+        msg="the warm phase did not show")
+    dash_duo.wait_for_contains_text(f"#{ids.CONCURRENCY_GRAPH}", "warm c=1", timeout=20)
+    assert "cold c=" not in graph_text(dash_duo, ids.CONCURRENCY_GRAPH)
     assert dash_duo.get_logs() == []

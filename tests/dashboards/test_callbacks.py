@@ -19,15 +19,41 @@ def labels(loaded: dict) -> list[str]:
 
 def test_ttft_views_show_every_selected_run(loaded):
     breakdown = callbacks.update_breakdown(loaded, labels(loaded), None, "TTFT")
-    concurrency, percentiles, findings = callbacks.update_summary_views(loaded, labels(loaded), None)
+    concurrency, percentiles, rates, findings = callbacks.update_summary_views(
+        loaded, labels(loaded), None)
     assert {a.text for a in breakdown.layout.annotations} == {"serial", "parallel"}
     shown = sum(len(t.x) for t in breakdown.data if t.name == "prefill")
     assert shown == sum(len(rd.attribution) for rd in loaded.values())
     levels = {x for t in concurrency.data for x in t.x}
     assert levels == {"warm c=1", "cold c=1", "cold c=4"}
-    assert {t.name for t in percentiles.data} == {"serial · warm c=1", "serial · cold c=1",
-                                                  "parallel · cold c=4"}
+    assert {x for t in percentiles.data for x in t.x} == {"serial · warm c=1", "serial · cold c=1",
+                                                          "parallel · cold c=4"}
+    assert {t.name for t in percentiles.data} == {"p50", "p90", "p99"}
+    panels = {a.text for a in percentiles.layout.annotations}
+    assert panels == {"ttft", "queueing", "kv_lookup", "storage_read", "transfer", "prefill",
+                      "other"}  # one component per panel
+    assert {a.text for a in rates.layout.annotations} == {
+        "requests/s", "prompt tokens/s from storage", "output tokens/s"}
+    requests_per_s = {(t.name, x): y for t in rates.data for x, y in zip(t.x, t.y)
+                      if t.xaxis == "x"}
+    serial_cold = next(r for r in loaded["serial"].summary["throughput"] if r["phase"] == "cold")
+    assert requests_per_s[("serial", "cold c=1")] == pytest.approx(serial_cold["requests_per_s"])
     assert findings.children  # a table, or the sentence saying there are none
+
+
+def test_the_default_view_is_the_cold_phases_and_warm_is_one_choice_away(loaded):
+    assert data.default_phase(loaded) == data.COLD
+    cold = data.attribution_of(loaded, labels(loaded), data.COLD)
+    assert set(cold["phase"]) == {"cold"} and len(cold) == sum(
+        (rd.attribution["phase"] == "cold").sum() for rd in loaded.values())
+    _, percentiles, rates, _ = callbacks.update_summary_views(loaded, labels(loaded), data.COLD)
+    assert {x for t in percentiles.data for x in t.x} == {"serial · cold c=1", "parallel · cold c=4"}
+    assert {x for t in rates.data for x in t.x} == {"cold c=1", "cold c=4"}
+    options, value = callbacks.update_request_options(loaded, labels(loaded), data.COLD, None, None)
+    assert json.loads(value)[1] == "cold"
+    assert set(data.attribution_of(loaded, ["serial"], "warm")["phase"]) == {"warm"}
+    assert len(data.attribution_of(loaded, labels(loaded), data.ALL)) == len(
+        data.attribution_of(loaded, labels(loaded), None))
 
 
 def test_phase_filter_limits_the_requests(loaded):

@@ -88,12 +88,17 @@ def test_concurrency_bars_are_means_per_level():
     assert dict(zip(storage.x, storage.y)) == pytest.approx({"cold c=1": 60.0, "cold c=2": 90.0})
 
 
-def test_percentiles_in_ms_runs_grouped():
-    pct = pd.DataFrame({"series": ["a", "b"], "component": ["ttft", "ttft"],
-                        "percentile": ["p50", "p50"], "value_ns": [2e6, 1e6]})
+def test_percentiles_in_ms_one_panel_per_component_runs_side_by_side():
+    pct = pd.DataFrame({"series": ["a", "b", "a", "a"],
+                        "component": ["ttft", "ttft", "prefill", "storage_device_queue"],
+                        "percentile": ["p50", "p50", "p50", "p50"],
+                        "value_ns": [2e6, 1e6, 5e5, 1e5]})
     fig = figures.build_percentiles(pct)
-    assert {t.name: list(t.y) for t in fig.data} == {"a": [2.0], "b": [1.0]}
+    by_panel = {t.xaxis: dict(zip(t.x, t.y)) for t in fig.data}
+    assert sorted(by_panel.values(), key=len) == [{"a": 0.5}, {"a": 2.0, "b": 1.0}]
+    assert {a.text for a in fig.layout.annotations} == {"ttft", "prefill"}  # sub-parts left out
     assert fig.layout.barmode == "group"
+    assert fig.layout.yaxis.matches is None  # each panel on its own scale
 
 
 def test_empty_selection_says_why():
