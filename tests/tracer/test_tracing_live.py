@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tracer_testkit import free_tcp_port, wait_until
+from tracer_testkit import assert_children_nest_in_parents, free_tcp_port, wait_until
 
 import analysis
 from kvscope import rundir
@@ -53,7 +53,7 @@ def test_every_request_is_one_nested_trace_in_files_and_at_the_receiver(
         server = own[own["name"] != semconv.SPAN_CLIENT_REQUEST]
         vllm_ids = {a[semconv.VLLM_REQUEST_ID] for a in server["attributes"]}
         assert len(vllm_ids) == 1 and vllm_ids.pop().startswith(f"cmpl-{row.request_id}-")
-    _assert_children_nest_in_parents(spans)
+    assert_children_nest_in_parents(spans)
 
     files = sorted(p.name.rsplit("-", 1)[0] for p in (run / "spans").glob("*.json"))
     assert len({f for f in files if f.startswith("vllm-")}) >= 2, "engine core and worker"
@@ -74,16 +74,6 @@ def test_every_request_is_one_nested_trace_in_files_and_at_the_receiver(
     assert tracer["spans_dropped"] == 0 and tracer["export_failures"] == 0
 
 
-def _assert_children_nest_in_parents(spans) -> None:
-    by_id = spans.set_index(["trace_id", "span_id"])
-    children = spans[spans["parent_span_id"] != ""]
-    assert len(children) > 0
-    for child in children.itertuples():
-        parent = by_id.loc[(child.trace_id, child.parent_span_id)]
-        assert parent["start_ns"] <= child.start_ns <= child.end_ns <= parent["end_ns"], (
-            child.name, parent["name"])
-
-
 @pytest.mark.root
 def test_reads_ahead_at_lookup_are_spans_of_the_request_that_claimed_them(tmp_path, monkeypatch):
     run = _run(tmp_path, monkeypatch, {}, ["warm", "cold"], profile="kvscope")
@@ -99,7 +89,7 @@ def test_reads_ahead_at_lookup_are_spans_of_the_request_that_claimed_them(tmp_pa
         assert attrs[semconv.READER_TIDS] and attrs[semconv.READ_FAILED_CHUNKS] == 0
         chunks[read.request_id] += attrs[semconv.READ_CHUNKS]
     assert set(chunks.values()) == {600 // 256}, "every full chunk was read ahead and claimed"
-    _assert_children_nest_in_parents(spans)
+    assert_children_nest_in_parents(spans)
     # the backend's own counters, per phase, agree with the spans
     by_phase = rundir.read_manifest(run)["tracer"]["disk_backend_by_phase"]
     assert list(by_phase) == ["warm", "cold"]
@@ -131,7 +121,7 @@ def test_async_loading_reads_are_spans_of_the_request_they_were_made_for(
         attrs = list(own["attributes"])
         assert sum(a[semconv.READ_CHUNKS] for a in attrs) == 600 // 256, rid
         assert all(a[semconv.READ_BYTES] > 0 and a[semconv.READER_TIDS] for a in attrs), rid
-    _assert_children_nest_in_parents(spans)
+    assert_children_nest_in_parents(spans)
     attribution = analysis.attribute(loaded)
     attribution = attribution[attribution["phase"] == "cold"]
     assert (attribution["storage_read_ns"] > 0).all()

@@ -55,3 +55,17 @@ def wait_until(predicate, timeout_s: float = 20.0, step_s: float = 0.05) -> bool
             return True
         time.sleep(step_s)
     return predicate()
+
+
+def assert_children_nest_in_parents(spans, remote_parents: frozenset[str] = frozenset()
+                                    ) -> None:
+    """Every span with a parent lies within it (a spans frame of analysis.otlp); the parents
+    in `remote_parents` are callers' spans, not in the frame."""
+    by_id = spans.set_index(["trace_id", "span_id"])
+    children = spans[(spans["parent_span_id"] != "")
+                     & ~spans["parent_span_id"].isin(remote_parents)]
+    assert len(children) > 0
+    for child in children.itertuples():
+        parent = by_id.loc[(child.trace_id, child.parent_span_id)]
+        assert parent["start_ns"] <= child.start_ns <= child.end_ns <= parent["end_ns"], (
+            child.name, parent["name"])
