@@ -26,7 +26,7 @@ from opentelemetry.context import Context
 
 from tracer import runtime, semconv, spans
 
-MAX_OPEN = 8192  # server spans of requests that never finish are dropped beyond this
+MAX_OPEN = 8192  # open server spans beyond this are dropped unexported, oldest first
 
 
 @dataclass
@@ -88,8 +88,8 @@ def on_assign_request_id(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
         semconv.VLLM_REQUEST_ID: rid,
         **({semconv.GEN_AI_PROMPT_TOKENS: len(prompt)} if prompt is not None else {}),
     })
-    while len(_open) >= MAX_OPEN:
-        _open.pop(next(iter(_open))).span.end()
+    while len(_open) >= MAX_OPEN:  # never finished (n > 1 fans out under other ids): unexported
+        _open.pop(next(iter(_open)))
     _open[rid] = request
     return result
 
