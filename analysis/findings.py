@@ -19,7 +19,7 @@ def find(run: Run, attribution: pd.DataFrame, summary: dict[str, Any]) -> list[F
     """Every finding for the run, most severe first."""
     found: list[Finding] = []
     for rule in (_input_problems, _partial_rows, _unmatched_spans, _cache_misses, _vllm_queue,
-                 _batch_wait, _storage_bound, _disk_backend):
+                 _batch_wait, _storage_bound, _read_path, _disk_backend):
         found += rule(run, attribution, summary)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f["severity"]])
@@ -179,6 +179,16 @@ def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[F
                                 f"requests' read time in the device{', ' if in_flight else ''}"
                                 f"{in_flight}"))
     return out
+
+
+def _read_path(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    """Where each cold phase's read bandwidth went (analysis.readpath), when reads matter."""
+    from analysis import readpath
+
+    notable = {g["phase"] for g in summary["groups"]
+               if (g["share_of_ttft"]["storage_read"] or 0) > SHARE_NOTABLE}
+    return [_finding("read-path", "info", f"{r['phase']}: {readpath.words(r)}")
+            for r in summary.get("read_path", []) if r["phase"] in notable]
 
 
 def _disk_backend(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import device, findings, throughput
+from analysis import device, findings, readpath, throughput
 from analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
 from analysis.run import Run
 
@@ -58,6 +58,7 @@ def summarize(run: Run, attribution: pd.DataFrame) -> dict[str, Any]:
         "queue_depth": depth,
         "queue_depth_by_phase": device.depth_by_phase(run.queue_depth),
         "throughput": throughput.per_phase(run.requests),
+        "read_path": readpath.per_phase(run.block_io, run.spans, run.requests),
         "littles_law": device.littles_law(run.block_io, depth),
         "problems": list(run.problems),
     }

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     table = study.headline(runs)
     report = study.write_report(out, runs, table)
     print("\n" + table[HEADLINE_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("\n" + "\n".join(study.verdict(table)))
+    print("\n" + "\n".join(study.verdict(table, runs)))
     print(f"\nreport:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "

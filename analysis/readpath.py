@@ -1,0 +1,120 @@
+"""What held a phase's KV reads below the device ceiling, from the per-read timelines recorded.
+
+Two ways a read path loses bandwidth, told apart on the block I/Os of the backend's reader
+threads (their tids ride on the storage.read spans) and the request spans:
+
+- the disk sits idle inside the phase's read span: nothing in flight while the worker copies
+  loaded chunks into the KV cache (`kv.transfer`) or prefills; `idle_*_s` says which;
+- while busy, fewer reads are in flight than the backend has readers: each reader spends time
+  between its reads (verifying the checksum, bookkeeping, waiting for a core the engine also
+  wants); `reader_gap_p50_ms` against `io_p50_ms` (a read's time at the device) says how much.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracer import semconv
+
+BACK_TO_BACK_NS = 20_000_000  # a reader's next read within this was waiting on the reader, not on work
+IDLE_CAUSES = {"transfer": semconv.SPAN_KV_TRANSFER, "prefill": semconv.SPAN_PREFILL}
+
+
+def _union(start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
+    """The union of intervals as sorted, disjoint (start, end) pairs."""
+    if len(start) == 0:
+        return []
+    order = np.argsort(start, kind="stable")
+    out: list[list[int]] = []
+    for s, e in zip(start[order], end[order]):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([int(s), int(e)])
+    return [(s, e) for s, e in out]
+
+
+def _covered_ns(gaps: list[tuple[int, int]], spans: pd.DataFrame) -> int:
+    """How much of the gaps the spans cover (their union, clipped to each gap)."""
+    cover = _union(spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64))
+    total, j = 0, 0
+    for lo, hi in gaps:
+        while j < len(cover) and cover[j][1] <= lo:
+            j += 1
+        k = j
+        while k < len(cover) and cover[k][0] < hi:
+            total += min(hi, cover[k][1]) - max(lo, cover[k][0])
+            k += 1
+    return total
+
+
+def _reader_tids(spans: pd.DataFrame) -> set[int]:
+    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
+    tids: set[int] = set()
+    for attrs in reads["attributes"]:
+        tids |= {int(t) for t in (attrs or {}).get(semconv.READER_TIDS) or []}
+    return tids
+
+
+def phase_reads(block_io: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame,
+                phase: str) -> dict[str, Any] | None:
+    """The read-path timeline of one phase (None when its readers did no block reads)."""
+    tids = _reader_tids(spans[spans["request_id"].isin(
+        requests.loc[requests["phase"] == phase, "request_id"].astype(str))])
+    io = block_io[(block_io["phase"] == phase) & block_io["op"].astype(str).str.startswith("R")
+                  & block_io["tid"].isin(tids)]
+    if io.empty:
+        return None
+    start, issue = io["start_ns"].to_numpy(np.int64), io["issue_ns"].to_numpy(np.int64)
+    end = io["complete_ns"].to_numpy(np.int64)
+    busy = _union(start, end)
+    busy_ns = sum(e - s for s, e in busy)
+    gaps = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
+    ordered = io.sort_values(["tid", "start_ns"], kind="stable")
+    same = (ordered["tid"].to_numpy()[1:] == ordered["tid"].to_numpy()[:-1])
+    between = ordered["start_ns"].to_numpy(np.int64)[1:] - ordered["complete_ns"].to_numpy(np.int64)[:-1]
+    back_to_back = between[same & (between >= 0) & (between < BACK_TO_BACK_NS)] / 1e6
+    in_phase = spans[spans["request_id"].isin(
+        requests.loc[requests["phase"] == phase, "request_id"].astype(str))]
+    idle_ns = sum(e - s for s, e in gaps)
+    return {
+        "phase": phase, "readers": len(tids), "reads": len(io), "bytes": int(io["bytes"].sum()),
+        "read_span_s": (end.max() - start.min()) / 1e9, "busy_s": busy_ns / 1e9,
+        "busy_bytes_per_s": float(io["bytes"].sum()) / busy_ns * 1e9 if busy_ns else None,
+        "in_flight_while_busy": float((end - start).sum() / busy_ns) if busy_ns else None,
+        "at_device_while_busy": float((end - issue).sum() / busy_ns) if busy_ns else None,
+        "io_p50_ms": float(np.median(end - issue) / 1e6),
+        "reader_gap_p50_ms": float(np.median(back_to_back)) if len(back_to_back) else None,
+        "reader_gap_p90_ms": float(np.percentile(back_to_back, 90)) if len(back_to_back) else None,
+        "idle_s": idle_ns / 1e9,
+        **{f"idle_{cause}_s": _covered_ns(gaps, in_phase[in_phase["name"] == name]) / 1e9
+           for cause, name in IDLE_CAUSES.items()},
+    }
+
+
+def per_phase(block_io: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame
+              ) -> list[dict[str, Any]]:
+    """phase_reads for every cold phase that read from the disk."""
+    if spans.empty or block_io.empty or requests.empty:
+        return []
+    cold = [p for p in dict.fromkeys(requests["phase"].astype(str)) if p.startswith("cold")]
+    return [r for p in cold if (r := phase_reads(block_io, spans, requests, p)) is not None]
+
+
+def words(r: dict[str, Any]) -> str:
+    """One sentence: where the phase's read bandwidth went."""
+    idle = r["idle_s"] / r["read_span_s"] if r["read_span_s"] else 0.0
+    text = (f"the disk was idle {idle:.0%} of the {r['read_span_s']:.2f} s read span "
+            f"({r['idle_transfer_s']:.2f} s of it while the worker copied loaded chunks into the "
+            f"KV cache, {r['idle_prefill_s']:.2f} s while it prefilled)")
+    if r["in_flight_while_busy"] is not None and r["readers"] > 1:
+        text += (f"; while busy, {r['in_flight_while_busy']:.1f} reads of {r['readers']} readers "
+                 f"were in flight, each read {r['io_p50_ms']:.1f} ms at the device (p50)")
+        if r["reader_gap_p50_ms"] is not None:
+            text += (f" and each reader {r['reader_gap_p50_ms']:.1f} ms (p50, p90 "
+                     f"{r['reader_gap_p90_ms']:.1f} ms) between its reads (checksum, "
+                     "bookkeeping, waiting for a core)")
+    return text
