@@ -1,33 +1,75 @@
-"""Benchmark: TTFT median with tracing on vs off at concurrency 16 (target ratio <= 1.02).
+"""Benchmark: TTFT median with tracing on, sampled at 1 %, and next to vLLM's own tracing, vs off.
 
     .venv/bin/python bench/tracing_overhead.py [--repeats 2] [--requests 48] [--phases warm,cold]
+        [--variants off,on,on-1pct,on-vllm-otlp]
 
-Runs the same `kvscope run` workload (tiny twin by default, stock backend, probes off) alternately with
-`--no-tracing` and `--tracing`, `--repeats` times each, so slow drift of the shared machine
-hits both sides alike. Prints per phase the pooled TTFT median and p90 of each side, the
-on/off ratio of the medians, and the spans written per request. `cold` needs root (it drops
-the page cache).
+Runs the same `kvscope run` workload (tiny twin by default, stock backend, probes off) once per
+variant in turn, `--repeats` rounds, so slow drift of the shared machine hits every variant
+alike:
+- `off`: `--no-tracing`;
+- `on`: kvscope's tracing (every request sampled);
+- `on-1pct`: kvscope's tracing with OTEL_TRACES_SAMPLER=parentbased_traceidratio,
+  OTEL_TRACES_SAMPLER_ARG=0.01 (client and server);
+- `on-vllm-otlp`: kvscope's tracing plus vLLM's own (`--otlp-traces-endpoint` to an OTLP/gRPC
+  receiver in this process).
+Prints per phase and variant the pooled TTFT median and p90, the ratio of the medians to `off`,
+the best-run ratio, and the spans written per request. `cold` needs root (it drops the page
+cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 
 import analysis
 from kvscope import rundir
+from kvscope.workload import runner
 from kvscope.workload.runner import RunOptions, execute
-from kvscope.workload.server import ServerError
+from kvscope.workload.server import ServerConfig, ServerError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "tracer"))
+from tracer_testkit import start_receiver  # noqa: E402  (the tests' real OTLP/gRPC receiver)
+
+SAMPLED_1PCT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": "0.01"}
+VARIANTS = ("off", "on", "on-1pct", "on-vllm-otlp")
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _variant(name: str, vllm_endpoint: str) -> Iterator[None]:
+    """The environment (client and server inherit it) and vLLM arguments of one variant."""
+    env = SAMPLED_1PCT if name == "on-1pct" else {}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    original = runner.ServerConfig
+    if name == "on-vllm-otlp":  # `kvscope run` has no option for extra vLLM arguments
+        runner.ServerConfig = functools.partial(  # type: ignore[misc]
+            ServerConfig, extra_args=["--otlp-traces-endpoint", vllm_endpoint])
+    try:
+        yield
+    finally:
+        runner.ServerConfig = original  # type: ignore[misc]
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _execute(out: Path, tracing: bool, args: argparse.Namespace, attempts: int = 3) -> Path:
@@ -46,18 +88,41 @@ def _execute(out: Path, tracing: bool, args: argparse.Namespace, attempts: int =
     raise AssertionError("unreachable")
 
 
-def _one(out: Path, tracing: bool, args: argparse.Namespace) -> pd.DataFrame:
-    run = _execute(out, tracing, args)
+def _one(out: Path, variant: str, args: argparse.Namespace, vllm_endpoint: str) -> pd.DataFrame:
+    tracing = variant != "off"
+    with _variant(variant, vllm_endpoint):
+        run = _execute(out, tracing, args)
     requests = rundir.read_table(run, "requests")
     failed = int((requests["status"] != "ok").sum())
     if failed:
         raise SystemExit(f"{failed} requests failed in {run}; see {run / 'server.log'}")
-    requests["tracing"] = tracing
+    requests["variant"] = variant
     requests["run"] = out.name
     if tracing:
         spans = analysis.load_run(run).spans
-        requests["spans"] = requests["request_id"].map(spans.groupby("request_id").size())
+        counts = spans.groupby("request_id").size() if len(spans) else pd.Series(dtype=int)
+        requests["spans"] = requests["request_id"].map(counts).fillna(0)
     return requests
+
+
+def _report(table: pd.DataFrame, variants: list[str]) -> None:
+    for phase, rows in table.groupby("phase"):
+        ttft = rows.groupby("variant")["ttft_s"]
+        median, p90 = ttft.median(), ttft.quantile(0.9)
+        runs = rows.groupby(["variant", "run"])["ttft_s"].median().groupby("variant").min()
+        for variant in variants:
+            spans = rows.loc[rows["variant"] == variant, "spans"] if variant != "off" else None
+            spans_text = "" if spans is None else (
+                f"   spans/request {spans.mean():.2f} (min {spans.min():.0f}, "
+                f"max {spans.max():.0f})")
+            print(f"{phase:>5} {variant:>13}: TTFT median {median[variant] * 1e3:8.2f} ms "
+                  f"(ratio {median[variant] / median['off']:.3f})   p90 "
+                  f"{p90[variant] * 1e3:8.2f} ms   best-run median "
+                  f"{runs[variant] * 1e3:8.2f} ms (ratio {runs[variant] / runs['off']:.3f})"
+                  f"{spans_text}")
+    runs = table.groupby(["phase", "run"], sort=False)["ttft_s"].median() * 1e3
+    print("per-run TTFT medians (ms), in run order:",
+          ", ".join(f"{phase}/{run} {ms:.1f}" for (phase, run), ms in runs.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,34 +134,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=600)
     p.add_argument("--model", default="tiny")
     p.add_argument("--phases", default="warm,cold")
+    p.add_argument("--variants", default=",".join(VARIANTS))
     args = p.parse_args(argv)
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or "off" not in variants:
+        p.error(f"--variants: {unknown} unknown; choose from {', '.join(VARIANTS)} with off")
+    receiver, server, port = start_receiver()
     frames = []
-    with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
-        for i in range(args.repeats):
-            for tracing in (False, True):
-                out = Path(tmp) / f"r{i}-{'on' if tracing else 'off'}"
-                frames.append(_one(out, tracing, args))
-    table = pd.concat(frames, ignore_index=True)
-    print(f"{args.model} twin, concurrency {args.concurrency}, {args.requests} requests per phase, "
-          f"{args.repeats} runs per side, alternating")
-    for phase, rows in table.groupby("phase"):
-        ttft = rows.groupby("tracing")["ttft_s"]
-        off, on = ttft.median()[False], ttft.median()[True]
-        p90 = ttft.quantile(0.9)
-        spans = rows.loc[rows["tracing"], "spans"]
-        print(f"{phase:>5}: TTFT median off {off * 1e3:7.2f} ms  on {on * 1e3:7.2f} ms  "
-              f"ratio {on / off:.3f}   p90 off {p90[False] * 1e3:7.2f} ms  "
-              f"on {p90[True] * 1e3:7.2f} ms   spans/request {spans.mean():.1f} "
-              f"(min {spans.min():.0f}, max {spans.max():.0f})")
-    runs = table.groupby(["phase", "run"], sort=False)["ttft_s"].median() * 1e3
-    best = runs.groupby([runs.index.get_level_values("phase"),
-                         runs.index.get_level_values("run").str.contains("-on")]).min()
-    for phase in best.index.get_level_values(0).unique():
-        print(f"{phase:>5}: best run median off {best[(phase, False)]:.1f} ms, on "
-              f"{best[(phase, True)]:.1f} ms, ratio {best[(phase, True)] / best[(phase, False)]:.3f}"
-              " (least disturbed runs; robust to a busy machine)")
-    print("per-run TTFT medians (ms), in run order:",
-          ", ".join(f"{phase}/{run} {ms:.1f}" for (phase, run), ms in runs.items()))
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
+            for i in range(args.repeats):
+                for variant in variants:
+                    frames.append(_one(Path(tmp) / f"r{i}-{variant}", variant, args,
+                                       f"http://127.0.0.1:{port}"))
+    finally:
+        server.stop(grace=None)
+    print(f"{args.model} twin, concurrency {args.concurrency}, {args.requests} requests per "
+          f"phase, {args.repeats} runs per variant, in turn; vLLM's own llm_request spans "
+          f"received: {sum(s.name == 'llm_request' for s in receiver.spans())}")
+    _report(pd.concat(frames, ignore_index=True), variants)
     return 0
 
 

@@ -16,8 +16,7 @@ import os
 
 ENV_TRACING = "KVSCOPE_TRACING"
 PLUGIN = "kvscope_tracing"  # this plugin's entry-point name (pyproject.toml)
-# Under vLLM's logger, so the line carries vLLM's process prefix and level settings.
-logger = logging.getLogger("vllm.kvscope_tracing")
+logger = logging.getLogger(__name__)
 
 
 def enabled(env: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
@@ -28,6 +27,7 @@ def register() -> None:
     value = os.environ.get(ENV_TRACING, "0").strip()
     if value == "0":
         return
+    _say_to_stderr_unless_configured()
     if value != "1":
         logger.warning("kvscope tracing: off in pid %d: %s=%r is neither 1 nor 0; set %s=1 to "
                        "trace", os.getpid(), ENV_TRACING, value, ENV_TRACING)
@@ -59,10 +59,22 @@ def _start() -> None:
     KvscopeInstrumentor().instrument()
 
 
+def _say_to_stderr_unless_configured() -> None:
+    """vLLM configures its own logger only after plugins ran, and never the root logger: unless
+    the application set up logging, the tracer's lines go to stderr (the server's log)."""
+    package = logging.getLogger("tracer")
+    if not package.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        package.addHandler(handler)
+        package.setLevel(logging.INFO)
+
+
 def warn_if_not_loaded() -> None:
     """For kvscope's other plugin: KVSCOPE_TRACING=1 but VLLM_PLUGINS leaves this one out."""
     plugins = os.environ.get("VLLM_PLUGINS")
     if enabled() and plugins is not None and PLUGIN not in plugins.split(","):
+        _say_to_stderr_unless_configured()
         logger.warning("kvscope tracing: off in pid %d: %s=1 but VLLM_PLUGINS=%r does not name "
                        "%s, so vLLM does not load it; add %s to VLLM_PLUGINS", os.getpid(),
                        ENV_TRACING, plugins, PLUGIN, PLUGIN)
