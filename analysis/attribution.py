@@ -1,7 +1,8 @@
 """Per-request TTFT attribution: exact exclusive time per component by a priority sweep.
 
-Each request's window is [arrival_ns, first_token_ns] (client clock, so TTFT is what the user
-saw). Inside it, every elementary stretch of time goes to exactly one component: the
+Each request's window is [arrival_ns, first_token_ns]: the client's (so TTFT is what the user
+saw), or, for a request only the server saw, its server request span's start to its first
+token (analysis.server_requests; column `window`). Inside it, every elementary stretch of time goes to exactly one component: the
 highest-priority component whose span is open then (DEFAULT_PRIORITY, peers §3.4), or `other`
 when none is. The components therefore sum to TTFT exactly. Time a lower-priority span was
 open under a higher one is `hidden_<component>_ns` (overlap, not lost). Storage-read time is
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import batch, blockjoin, diagnostics, sweep
+from analysis import batch, blockjoin, diagnostics, server_requests, sweep
 from analysis.run import Run
 from tracer import semconv
 
@@ -36,7 +37,7 @@ BATCH_PARTS = ("batch_storage_read", "batch_transfer", "batch_prefill", "batch_o
 LABELS = ("window", *DEFAULT_PRIORITY[::-1], "device_queue", "device_service", "own_busy",
           "may_wait")
 CODE = {name: i for i, name in enumerate(LABELS)}
-ID_COLUMNS = ("request_id", "phase", "concurrency", "prompt_index")
+ID_COLUMNS = ("request_id", "phase", "concurrency", "prompt_index", "window")
 NS_COLUMNS = (
     "ttft_ns", *(f"{c}_ns" for c in COMPONENTS), *(f"{c}_ns" for c in STORAGE_PARTS),
     *(f"hidden_{c}_ns" for c in DEFAULT_PRIORITY[::-1]), *(f"{c}_ns" for c in BATCH_PARTS),
@@ -63,6 +64,8 @@ def attribute(run: Run, *, priority: tuple[str, ...] = DEFAULT_PRIORITY,
     if batch_from not in batch.BATCH_FROM:
         raise ValueError(f"batch_from must be one of {batch.BATCH_FROM}, got {batch_from!r}")
     requests = run.requests.reset_index(drop=True)
+    if "window" not in requests:  # a Run built by hand, not by load_run
+        requests = requests.assign(window=server_requests.CLIENT)
     n = len(requests)
     key_of = _key_of(requests)
     spans = _labelled_spans(run.spans, key_of)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import otlp
+from analysis import otlp, server_requests
 from kvscope import rundir
 
 _DTYPES = {"i": "int64", "f": "float64", "s": "str", "b": "bool"}
@@ -24,7 +24,8 @@ class Run:
     """One run directory as DataFrames; every table is present, empty when the run lacks it.
 
     `spans` times are CLOCK_MONOTONIC ns (OTLP epoch ns minus manifest clock.offset_ns), on
-    the same clock as requests.parquet and the probe tables. `problems` lists, readably, what
+    the same clock as requests.parquet and the probe tables. `requests` also has a row for
+    each request seen only in server spans (column `window`: client or server). `problems` lists, readably, what
     is missing or inconsistent; `request_notes` maps a request_id to problems with its spans.
     """
 
@@ -66,7 +67,9 @@ def load_run(path: str | Path, *, read_spans: bool = True) -> Run:
         problems.append(f"{path / rundir.SPANS_DIR}/*.json: no span files (tracer off?); "
                         "TTFT cannot be split into components")
     spans, notes = _clean_spans(spans, problems)
-    return Run(path, manifest, tables["requests"], spans, tables["block_io"],
+    requests = server_requests.with_server_requests(tables["requests"], spans,
+                                                    manifest.get("phases") or [])
+    return Run(path, manifest, requests, spans, tables["block_io"],
                tables["queue_depth"], tables["nvme_io"], problems, notes)
 
 

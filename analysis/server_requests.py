@@ -1,0 +1,79 @@
+"""Request rows from server spans, for requests no client of kvscope's measured.
+
+A server kvscope did not start (`kvscope record`, `kvscope import`) has no requests.parquet rows
+of its own: every request is known only by its `kvscope.server.request` span. Its window is
+server-side: the span's start (the API server's add_request) to its first token, the span's
+start plus its `gen_ai.latency.time_to_first_token`. Both are integers of the tracer's
+monotonic-ns stamps, so the components still sum to the window exactly. Requests with a client
+row keep it (the client's window is what the user waited for); `window` says which one a row has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracer import semconv
+
+CLIENT, SERVER = "client", "server"  # values of the `window` column
+RECORDED_PHASE = "recorded"  # a request outside every phase of the manifest
+UNKNOWN = -1  # concurrency / prompt_index: no client said
+
+
+def with_server_requests(requests: pd.DataFrame, spans: pd.DataFrame,
+                         phases: list[dict[str, Any]]) -> pd.DataFrame:
+    """`requests` (window=client) plus one row (window=server) per server request span whose
+    request has no client row; `phases` are the manifest's, which name each row's phase."""
+    client = requests.assign(window=CLIENT)
+    servers = spans[(spans["name"] == semconv.SPAN_SERVER_REQUEST)
+                    & ~spans["request_id"].isin(set(requests["request_id"].astype(str)))]
+    servers = servers.drop_duplicates("request_id")
+    if servers.empty:
+        return client
+    rows = _rows(servers, spans, phases)
+    return pd.concat([client, rows.astype(client.dtypes.to_dict())], ignore_index=True)
+
+
+def _rows(servers: pd.DataFrame, spans: pd.DataFrame, phases: list[dict[str, Any]]
+          ) -> pd.DataFrame:
+    attrs = servers["attributes"]
+    ttft_ns = np.array([round(float(a.get(semconv.GEN_AI_TTFT, -1.0)) * 1e9) for a in attrs],
+                       dtype=np.int64)
+    arrival = servers["start_ns"].to_numpy(np.int64)
+    finish = servers["end_ns"].to_numpy(np.int64)
+    served = ttft_ns >= 0
+    errors = [str(a.get(semconv.ERROR_TYPE, "")) for a in attrs]
+    ok = served & np.array([not e for e in errors])
+    first = np.where(served, arrival + ttft_ns, 0)
+    return pd.DataFrame({
+        "request_id": servers["request_id"].astype(str).to_numpy(),
+        "phase": [_phase_of(t, phases) for t in arrival],
+        "concurrency": UNKNOWN, "prompt_index": UNKNOWN,
+        "trace_id": servers["trace_id"].to_numpy(),
+        "prompt_tokens": [int(a.get(semconv.GEN_AI_PROMPT_TOKENS, 0)) for a in attrs],
+        "cached_tokens": _loaded_tokens(spans, servers["request_id"]),
+        "output_tokens": [int(a.get(semconv.GEN_AI_COMPLETION_TOKENS, 0)) for a in attrs],
+        "arrival_ns": arrival, "first_token_ns": first, "finish_ns": finish,
+        "ttft_s": np.where(served, ttft_ns / 1e9, np.nan), "e2e_s": (finish - arrival) / 1e9,
+        "status": np.where(ok, "ok", "error"),
+        "error": [e or ("" if s else "no first token") for e, s in zip(errors, served)],
+        "window": SERVER,
+    })
+
+
+def _loaded_tokens(spans: pd.DataFrame, request_ids: pd.Series) -> list[int]:
+    """Prompt tokens each request loaded from LMCache (its kv.load spans' hit tokens)."""
+    loads = spans[spans["name"] == semconv.SPAN_KV_LOAD]
+    hits = loads.assign(hit=[max(int(a.get(semconv.HIT_TOKENS, 0)), 0)
+                             for a in loads["attributes"]])
+    by_request = hits.groupby("request_id")["hit"].sum()
+    return [int(by_request.get(rid, 0)) for rid in request_ids]
+
+
+def _phase_of(arrival_ns: int, phases: list[dict[str, Any]]) -> str:
+    for phase in phases:
+        if int(phase.get("started_ns", 0)) <= arrival_ns <= int(phase.get("ended_ns", 0)):
+            return str(phase["name"])
+    return RECORDED_PHASE
