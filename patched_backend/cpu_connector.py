@@ -7,8 +7,9 @@ vLLM-CPU keeps one tensor per layer, `[num_blocks, num_kv_heads, block_size, X]`
 packing of K and V depends on the ISA kernel and head size. Rather than interpret it, this
 connector moves whole physical blocks as opaque bytes: an LMCache chunk (256 tokens) always
 covers whole blocks, so a chunk is `layers x blocks_in_chunk x block_bytes` bytes, exactly the
-size of the KV_2LTD memory object LMCache allocates for it. A stored chunk is only ever loaded
-back into the same vLLM-CPU layout, which is the layout that wrote it.
+size of the KV_2LTD memory object LMCache allocates for it. Those bytes are only valid for the
+same vLLM-CPU layout (block size, kernel packing): the connector registers itself as their
+writer and the disk backend records and checks that layout (parallel_disk/layout.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any, Sequence
 
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+
+from patched_backend.parallel_disk import layout
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class CPUPagedKVConnector(GPUConnectorInterface):
         self.kvcaches: list[torch.Tensor] | None = None
         self._block_views: list[torch.Tensor] = []
         self.block_size = 0
+        layout.register_writer(layout.CPU_BLOCKS)  # before LMCache builds its disk tier
 
     @classmethod
     def from_metadata(cls, metadata: Any) -> "CPUPagedKVConnector":

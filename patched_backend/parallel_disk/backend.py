@@ -13,6 +13,10 @@ Both LMCache read paths go through the parallel engine:
 
 With ``prefetch_on_lookup`` the reads start earlier still, at the scheduler's lookup
 (``batched_contains(..., pin=True)``), and the synchronous retrieve claims them (prefetch.py).
+
+Every wait is bounded (``read_timeout_s``): what is not read by then is a miss, so a stuck
+device or a bug never blocks vLLM's worker. The directory is private (dirsafety.py) and held
+by one server at a time (dirlock.py).
 """
 
 # Standard
@@ -31,14 +35,15 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 # First Party
 from patched_backend.parallel_disk import hooks
 from patched_backend.parallel_disk.buffers import collapse_to_huge_pages, pool_region
-from patched_backend.parallel_disk.chunkfile import CorruptChunk
 from patched_backend.parallel_disk.config import DiskConfig, from_extra_config
+from patched_backend.parallel_disk.dirlock import DirectoryLock
+from patched_backend.parallel_disk.dirsafety import prepare_private_dir
 from patched_backend.parallel_disk.geometry import EngineGeometry
 from patched_backend.parallel_disk.index import ChunkIndex, Entry
 from patched_backend.parallel_disk.io_engine import IOEngine
 from patched_backend.parallel_disk.prefetch import Prefetched, Prefetcher
 from patched_backend.parallel_disk.reads import ReadPath, Slot, Started
-from patched_backend.parallel_disk.recovery import scan
+from patched_backend.parallel_disk.recovery import describe, scan
 from patched_backend.parallel_disk.stats import BackendStats
 from patched_backend.parallel_disk.writer import ChunkWriter
 
@@ -63,24 +68,31 @@ class ParallelDiskBackend(StoragePluginInterface):
             logger.warning("LMCache local_disk is set too: the stock LocalDiskBackend also "
                            "stores every chunk; set only kvscope.path for kvscope alone")
         self.path = self.settings.path
-        os.makedirs(self.path, exist_ok=True)
-        self._geometry = EngineGeometry.from_metadata(metadata)
-        self._stats = BackendStats()
-        self._index = ChunkIndex(self.settings.capacity)
-        self._recover()
+        prepare_private_dir(self.path)
+        self._lock = DirectoryLock(self.path).acquire()
+        try:
+            self._geometry = EngineGeometry.from_metadata(metadata)
+            self._stats = BackendStats()
+            self._index = ChunkIndex(self.settings.capacity)
+            self._recover()
+        except BaseException:
+            self._lock.release()
+            raise
         s = self.settings
         self._engine = IOEngine(s.effective_queue_depth, s.effective_read_unit,
                                 s.max_inflight_bytes, s.read_delay_ms, s.odirect)
         self._reads = ReadPath(self.path, s.mode, self._index, self._engine, self._stats,
                                local_cpu_backend, s.verify_checksum)
-        self._writer = ChunkWriter(self.path, self._index, self._stats, s.write_threads)
+        self._writer = ChunkWriter(self.path, self._index, self._stats, s.write_threads,
+                                   _capped(s.write_queue_bytes, local_cpu_backend, 4))
         self._prefetch = self._make_prefetcher(local_cpu_backend)
         hooks.register_backend(self)
         if s.hugepages:
             threading.Thread(target=_huge_pool, args=(local_cpu_backend,), daemon=True,
                              name="kvscope-hugepages").start()
-        logger.info("kvscope disk backend at %s: %s, %d chunks (%d bytes) found on disk",
-                    self.path, s, len(self._index), self._index.used_bytes())
+        logger.info("kvscope disk backend at %s: %s, %d chunks (%d bytes) found on disk; "
+                    "layout %s", self.path, s, len(self._index), self._index.used_bytes(),
+                    self._geometry.layout)
 
     def __str__(self) -> str:
         return "ParallelDiskBackend"
@@ -93,6 +105,7 @@ class ParallelDiskBackend(StoragePluginInterface):
             reads_in_flight=self._engine.pending(), odirect=self._engine.odirect,
             prefetch_held_bytes=self._prefetch.held_bytes() if self._prefetch else 0,
             prefetch_pending=self._prefetch.pending() if self._prefetch else 0,
+            write_queued_bytes=self._writer.queued_bytes(),
         )
 
     def _make_prefetcher(self, allocator_backend: Any) -> Optional[Prefetcher]:
@@ -100,10 +113,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         s = self.settings
         if not s.prefetch_on_lookup:
             return None
-        budget = s.prefetch_bytes
-        region = pool_region(allocator_backend)
-        if region is not None:
-            budget = min(budget, region[1] // 2)
+        budget = _capped(s.prefetch_bytes, allocator_backend, 2)
         prefetcher = Prefetcher(self._reads, self._index, self._stats, budget,
                                 s.prefetch_timeout_s)
         self._reads.on_pressure = prefetcher.reclaim
@@ -157,22 +167,22 @@ class ParallelDiskBackend(StoragePluginInterface):
         if self._prefetch is not None and len(set(keys)) == len(keys):
             taken = self._prefetch.take(keys)
         request_id = hooks.current_request_id()
-        if not taken:
-            started = self._reads.start(keys, "sync", request_id, True)
-            started.batch.wait()
-            return self._reads.settle(started)
+        deadline = time.monotonic() + self.settings.read_timeout_s
         rest = [key for key in keys if key not in taken]
-        fresh: dict[Hashable, Slot] = {}
+        fresh: list[Optional[Slot]] = []
         if rest:
             started = self._reads.start(rest, "sync", request_id, True)
-            fresh = dict(zip(rest, started.slots()))
-            started.batch.wait()
+            fresh = [*started.slots(), *[None] * (len(rest) - len(started.entries))]
+            started.batch.wait(_left(deadline))
         for record in taken.values():
-            record.batch.wait()
-        self._reads.report_claims([(r.batch, r.slot) for r in taken.values()], request_id,
-                                  claim_ns)
-        return self._reads.settle_slots(
-            [taken[key].slot if key in taken else fresh.get(key) for key in keys])
+            record.batch.wait(_left(deadline))
+        unclaimed = iter(fresh)  # in key order, so a key named twice gets two slots
+        slots = [taken[key].slot if key in taken else next(unclaimed) for key in keys]
+        self._reads.expire(slots, self.settings.read_timeout_s)
+        if taken:
+            self._reads.report_claims([(r.batch, r.slot) for r in taken.values()], request_id,
+                                      claim_ns)
+        return self._reads.settle_slots(slots)
 
     def batched_get_non_blocking(self, lookup_id: str, keys: list[Hashable],
                                  transfer_spec: Any = None) -> Awaitable[list[Any]]:
@@ -188,7 +198,10 @@ class ParallelDiskBackend(StoragePluginInterface):
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         started.batch.add_done_callback(lambda _b: loop.call_soon_threadsafe(_resolve, done))
-        await done
+        try:
+            await asyncio.wait_for(done, self.settings.read_timeout_s)
+        except asyncio.TimeoutError:
+            self._reads.expire(list(started.slots()), self.settings.read_timeout_s)
         served = []
         for obj in self._reads.settle(started):
             if obj is None:
@@ -230,32 +243,28 @@ class ParallelDiskBackend(StoragePluginInterface):
         return self.local_cpu_backend
 
     def close(self) -> None:
-        """Finish queued writes and reads, stop the threads."""
+        """Finish queued writes and reads, stop the threads, give the directory back."""
         if self._prefetch is not None:
             self._prefetch.close()
         self._writer.close()
         self._engine.close()
+        self._lock.release()
 
     # -- start-up --------------------------------------------------------------------------
     def _recover(self) -> None:
-        result = scan(self.path, self._geometry.owns, self._geometry.mismatch)
+        result = scan(self.path, self._geometry.owns, self._geometry.mismatch, _parse_key)
         for path, exc in result.refused:
-            self._report_startup(path, exc)
-        entries = []
-        for found in result.chunks:
-            key = parse_cache_key(found.header.key)
-            entries.append(Entry(key, found.path, found.header, found.file_size, found.identity))
+            self._stats.corrupt(exc.reason)
+            hooks.emit("on_corrupt", hooks.CorruptEvent(self.path, "", path, exc.reason,
+                                                        str(exc), at_startup=True))
+        for line in describe(result.refused):
+            logger.warning("kvscope disk: %s", line)
+        entries = [Entry(f.key, f.path, f.header, f.file_size, f.identity) for f in result.chunks]
         for dropped in self._index.add_scanned(entries):
             os.unlink(dropped.path)
         if result.temp_files_removed:
             logger.warning("kvscope disk: removed %d temporary files of dead writers in %s",
                            result.temp_files_removed, self.path)
-
-    def _report_startup(self, path: str, exc: CorruptChunk) -> None:
-        self._stats.corrupt(exc.reason)
-        logger.warning("kvscope disk: %s refused at start-up (%s), moved aside", path, exc)
-        hooks.emit("on_corrupt", hooks.CorruptEvent(self.path, "", path, exc.reason, str(exc),
-                                                    at_startup=True))
 
 
 def _huge_pool(allocator_backend: Any) -> None:
@@ -271,6 +280,25 @@ def _huge_pool(allocator_backend: Any) -> None:
     done, error = collapse_to_huge_pages(*region)
     logger.info("kvscope disk: %d MiB of LMCache's pool on huge pages in %.1f s%s",
                 done >> 20, time.monotonic() - started, f" ({error})" if error else "")
+
+
+def _parse_key(text: str) -> Hashable:
+    """LMCache key of a header's key string; only its canonical spelling is accepted (one file
+    per key: ``1000`` and ``01000`` would otherwise name the same chunk twice)."""
+    key = parse_cache_key(text)
+    if key.to_string() != text:
+        raise ValueError(f"not the canonical spelling {key.to_string()!r}")
+    return key
+
+
+def _capped(nbytes: int, allocator_backend: Any, fraction: int) -> int:
+    """``nbytes``, at most 1/``fraction`` of LMCache's CPU pool (the retrieve needs room)."""
+    region = pool_region(allocator_backend)
+    return nbytes if region is None else min(nbytes, region[1] // fraction)
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 def _resolve(future: "asyncio.Future[None]") -> None:

@@ -24,6 +24,10 @@ DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
 # Read-ahead at lookup (on in parallel mode): memory budget, capped at half of LMCache's CPU pool.
 DEFAULT_PREFETCH_BYTES = 1 << 30
 DEFAULT_PREFETCH_TIMEOUT_S = 30.0
+# A read not finished by then is a miss (the worker recomputes) rather than a stalled step.
+DEFAULT_READ_TIMEOUT_S = 60.0
+# Memory held by queued writes, capped at a quarter of LMCache's CPU pool.
+DEFAULT_WRITE_QUEUE_BYTES = 1 << 30
 
 _UNITS = {
     "": 1, "b": 1,
@@ -81,6 +85,8 @@ class DiskConfig:
     prefetch_on_lookup: bool = True
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     prefetch_timeout_s: float = DEFAULT_PREFETCH_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    write_queue_bytes: int = DEFAULT_WRITE_QUEUE_BYTES
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -111,6 +117,11 @@ class DiskConfig:
         if self.prefetch_timeout_s <= 0:
             raise ValueError(
                 f"{PREFIX}prefetch_timeout_s: {self.prefetch_timeout_s} must be > 0 seconds")
+        if self.read_timeout_s <= 0:
+            raise ValueError(f"{PREFIX}read_timeout_s: {self.read_timeout_s} must be > 0 seconds")
+        if self.write_queue_bytes <= 0:
+            raise ValueError(
+                f"{PREFIX}write_queue_bytes: {self.write_queue_bytes} must be > 0 bytes")
 
     @property
     def effective_queue_depth(self) -> int:
@@ -177,4 +188,6 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
                                                  mode == "parallel")),
         prefetch_bytes=size("prefetch_bytes", DEFAULT_PREFETCH_BYTES),
         prefetch_timeout_s=number("prefetch_timeout_s", DEFAULT_PREFETCH_TIMEOUT_S, float),
+        read_timeout_s=number("read_timeout_s", DEFAULT_READ_TIMEOUT_S, float),
+        write_queue_bytes=size("write_queue_bytes", DEFAULT_WRITE_QUEUE_BYTES),
     )

@@ -4,15 +4,18 @@
 A chunk written by another model geometry or dtype must never be served to this engine, even
 if its key matched: the scan checks the header against LMCache's metadata (``kv_shape`` is
 ``(num_layers, 2, chunk_size, num_kv_heads, head_size)``; memory objects are ``KV_2LTD``,
-``[2, layers, tokens, kv_heads * head_size]``, or ``[1, ...]`` with MLA).
+``[2, layers, tokens, kv_heads * head_size]``, or ``[1, ...]`` with MLA), and the physical
+layout identity of its bytes against this engine's (layout.py: writer, block size, packing,
+model config...), which must be equal.
 """
 
 # Standard
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 # First Party
 from patched_backend.parallel_disk.chunkfile import ChunkHeader
+from patched_backend.parallel_disk.layout import describe_difference, engine_layout
 
 
 @dataclass(frozen=True)
@@ -26,15 +29,16 @@ class EngineGeometry:
     chunk_size: Optional[int] = None
     hidden: Optional[int] = None
     dtype: Optional[str] = None
+    layout: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_metadata(cls, metadata: Any) -> "EngineGeometry":
-        """From ``LMCacheMetadata`` (None -> no checks)."""
+        """From ``LMCacheMetadata`` (None -> no geometry checks) and this engine's layout."""
         if metadata is None:
-            return cls()
+            return cls(layout=engine_layout(None))
         layers, _, chunk, heads, head_size = metadata.kv_shape
         return cls(metadata.model_name, metadata.world_size, metadata.worker_id, layers, chunk,
-                   heads * head_size, str(metadata.kv_dtype))
+                   heads * head_size, str(metadata.kv_dtype), engine_layout(metadata))
 
     def owns(self, header: ChunkHeader) -> bool:
         """False for chunks of another model or rank sharing the directory (left alone)."""
@@ -43,12 +47,24 @@ class EngineGeometry:
         parts = header.key.split("@")
         return parts[:3] == [self.model_name, str(self.world_size), str(self.worker_id)]
 
-    def mismatch(self, header: ChunkHeader) -> Optional[str]:
-        """Why a chunk of this model cannot be served here, or None when it fits."""
-        if self.num_layers is None or header.fmt != "KV_2LTD" or len(header.shape) != 4:
-            return None
+    def mismatch(self, header: ChunkHeader) -> Optional[tuple[str, str]]:
+        """(reason, detail) when a chunk of this model cannot be served here, None when it fits.
+
+        ``foreign``: another geometry or dtype; ``layout``: same geometry, other byte layout.
+        """
+        if self.num_layers is not None:
+            foreign = self._geometry_mismatch(header)
+            if foreign:
+                return "foreign", foreign
+        if header.layout != self.layout:
+            return "layout", describe_difference(header.layout, self.layout)
+        return None
+
+    def _geometry_mismatch(self, header: ChunkHeader) -> Optional[str]:
         if header.dtype != self.dtype:
             return f"dtype {header.dtype}, engine uses {self.dtype}"
+        if len(header.shape) != 4:
+            return f"{header.fmt} shape {list(header.shape)} is not [kv, layers, tokens, hidden]"
         _, layers, tokens, hidden = header.shape
         if layers != self.num_layers or hidden != self.hidden:
             return (f"shape {list(header.shape)}: {layers} layers x {hidden} hidden, engine has "
@@ -58,14 +74,15 @@ class EngineGeometry:
         return None
 
     def header_for(self, key: Any, obj: Any) -> ChunkHeader:
-        """Header of a chunk about to be written (the writer fills in the CRCs)."""
+        """Header of a chunk about to be written (the writer fills in the hashes)."""
         positions = obj.metadata.cached_positions
         geometry = {name: value for name, value in (
             ("num_layers", self.num_layers), ("chunk_size", self.chunk_size),
             ("hidden", self.hidden)) if value is not None}
         return ChunkHeader(
             key=key.to_string(), shape=tuple(obj.get_shape()), dtype=str(obj.get_dtype()),
-            fmt=obj.get_memory_format().name, payload_len=obj.get_size(), crc_block=0, crcs=(),
+            fmt=obj.get_memory_format().name, payload_len=obj.get_size(), hash_block=0,
+            hashes=(),
             cached_positions=None if positions is None else [int(p) for p in positions.tolist()],
-            geometry=geometry,
+            geometry=geometry, layout=self.layout,
         )

@@ -7,6 +7,10 @@ All sub-reads of a batch (and of concurrent batches) go into one FIFO queue at o
 no lock held across a read, so concurrent requests never wait on each other's I/O, only on the
 device. A chunk is ready (verified, copied if staged) as soon as its last sub-read lands, while
 later chunks are still being read.
+
+Every chunk ends, whatever happens: a reader that hits an unexpected exception fails that chunk
+and keeps serving; reads submitted after ``close()`` fail at once (``closed``); waiting takes a
+timeout (the caller turns what is unfinished into misses, reason ``timeout``).
 """
 
 # Standard
@@ -19,7 +23,7 @@ import threading
 import time
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, crc32c, padded
+from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, hash64, padded
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +33,18 @@ Identity = tuple[int, int, int]  # st_dev, st_ino, st_size
 class ChunkRead:
     """One chunk file read into ``dest`` (aligned, ``padded(payload_len)`` bytes long).
 
-    ``crcs`` (one per ``crc_block`` of payload; None: no verification) are checked block by
-    block by the reader thread that completes each block. ``copy_to``, when set, receives
-    the payload after verification (staging-buffer case).
+    ``hashes`` (XXH3-64, one per ``hash_block`` of payload; None: no verification) are
+    checked block by block by the reader thread that completes each block. ``copy_to``, when
+    set, receives the payload after verification (staging-buffer case).
     """
 
     def __init__(self, key: str, path: str, payload_len: int, dest: memoryview,
-                 crcs: Optional[tuple[int, ...]], crc_block: int, identity: Optional[Identity],
-                 copy_to: Optional[memoryview] = None) -> None:
+                 hashes: Optional[tuple[int, ...]], hash_block: int,
+                 identity: Optional[Identity], copy_to: Optional[memoryview] = None) -> None:
         self.key, self.path, self.payload_len = key, path, payload_len
         self.dest, self.identity, self.copy_to = dest, identity, copy_to
-        self.crcs, self.crc_block = crcs, crc_block
-        self._verified = [False] * (len(crcs) if crcs else 0)
+        self.hashes, self.hash_block = hashes, hash_block
+        self._verified = [False] * (len(hashes) if hashes else 0)
         self.error: Optional[tuple[str, str]] = None
         self.ready_ns = -1
         self.fd = -1
@@ -53,19 +57,24 @@ class ChunkRead:
             if self.error is None:
                 self.error = (reason, detail)
 
+    @property
+    def done(self) -> bool:
+        """True once no reader will touch ``dest`` again."""
+        return self.ready_ns >= 0
+
     def verify(self, start: int, end: int) -> None:
-        """Check the CRC of every unverified block lying inside payload bytes [start, end)."""
-        if not self.crcs or self.error is not None:
+        """Check the hash of every unverified block lying inside payload bytes [start, end)."""
+        if not self.hashes or self.error is not None:
             return
-        block = self.crc_block
-        for index in range(-(-start // block), len(self.crcs)):
+        block = self.hash_block
+        for index in range(-(-start // block), len(self.hashes)):
             lo, hi = index * block, min((index + 1) * block, self.payload_len)
             if hi > end:
                 break
             if self._verified[index]:
                 continue
-            if crc32c(self.dest[lo:hi]) != self.crcs[index]:
-                self.fail("checksum", f"{self.path}: CRC32C mismatch in payload bytes {lo}-{hi}")
+            if hash64(self.dest[lo:hi]) != self.hashes[index]:
+                self.fail("checksum", f"{self.path}: XXH3 mismatch in payload bytes {lo}-{hi}")
                 return
             self._verified[index] = True
 
@@ -93,9 +102,14 @@ class ReadBatch:
             self.end_ns = self.submit_ns
             self._done.set()
 
-    def wait(self) -> None:
-        """Block until every chunk is done."""
-        self._done.wait()
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until every chunk is done or ``timeout`` seconds passed; True when done."""
+        return self._done.wait(timeout)
+
+    @property
+    def finished(self) -> bool:
+        """True once every chunk is done."""
+        return self._done.is_set()
 
     def add_done_callback(self, fn: Callable[["ReadBatch"], None]) -> None:
         """Call ``fn(batch)`` when done (right away if it already is), in the finishing thread."""
@@ -137,6 +151,7 @@ class IOEngine:
         self._cond = threading.Condition()
         self._inflight_bytes = 0
         self._pending = 0
+        self._closed = False
         self._threads = [
             threading.Thread(target=self._worker, name=f"kvscope-read-{i}", daemon=True)
             for i in range(queue_depth)
@@ -155,26 +170,37 @@ class IOEngine:
         return -(-total // (self.read_unit or total)) if total else 0
 
     def submit(self, batch: ReadBatch) -> int:
-        """Open every chunk and queue all their sub-reads; returns sub-reads in flight before."""
+        """Open every chunk and queue all their sub-reads; returns sub-reads in flight before.
+
+        After ``close()`` every chunk fails at once (``closed``): nothing is left waiting.
+        """
         with self._cond:
             before = self._pending
         for chunk in batch.chunks:
             pieces = self._open_and_plan(chunk)
+            with self._cond:  # checked and queued under the lock close() takes: no race
+                if pieces and self._closed:
+                    os.close(chunk.fd)
+                    chunk.fail("closed", "the backend was closed before this read started")
+                    pieces = []
+                if pieces:
+                    chunk._remaining = len(pieces)
+                    batch.sub_reads += len(pieces)
+                    self._pending += len(pieces)
+                    for offset, view in pieces:
+                        self._queue.put((chunk, batch, offset, view))
             if not pieces:
                 batch._chunk_done(chunk)
-                continue
-            chunk._remaining = len(pieces)
-            batch.sub_reads += len(pieces)
-            with self._cond:
-                self._pending += len(pieces)
-            for offset, view in pieces:
-                self._queue.put((chunk, batch, offset, view))
         return before
 
     def close(self) -> None:
-        """Stop the reader threads after the queued reads."""
-        for _ in self._threads:
-            self._queue.put(None)
+        """Stop the reader threads after the queued reads; later submits fail as ``closed``."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for _ in self._threads:
+                self._queue.put(None)
         for thread in self._threads:
             thread.join()
 
@@ -186,7 +212,8 @@ class IOEngine:
             chunk.fail("missing", f"{chunk.path} is gone")
             return []
         except OSError as exc:
-            chunk.fail("io_error", f"open {chunk.path}: {exc}")
+            reason = "untrusted" if exc.errno == errno.ELOOP else "io_error"
+            chunk.fail(reason, f"open {chunk.path}: {exc}")
             return []
         mismatch = _identity_mismatch(chunk.identity, st)
         if mismatch:
@@ -202,15 +229,16 @@ class IOEngine:
                 for off in range(0, total, unit)]
 
     def _open(self, path: str) -> int:
+        flags = os.O_RDONLY | os.O_NOFOLLOW
         if self.odirect:
             try:
-                return os.open(path, os.O_RDONLY | os.O_DIRECT)
+                return os.open(path, flags | os.O_DIRECT)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 logger.warning("O_DIRECT refused by the file system of %s; buffered reads", path)
                 self.odirect = False
-        return os.open(path, os.O_RDONLY)
+        return os.open(path, flags)
 
     def _worker(self) -> None:
         tid = threading.get_native_id()
@@ -225,6 +253,9 @@ class IOEngine:
                 if chunk.error is None and self._read(chunk, view, offset):
                     start = offset - HEADER_SIZE
                     chunk.verify(start, start + nbytes)
+            except Exception as exc:  # a bug or a hostile buffer: this chunk fails, not the thread
+                logger.error("kvscope disk: reader failed on %s", chunk.path, exc_info=True)
+                chunk.fail("reader_error", f"{chunk.path}: {type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     self._inflight_bytes -= nbytes
@@ -251,11 +282,16 @@ class IOEngine:
         return True
 
     def _finish(self, chunk: ChunkRead, batch: ReadBatch) -> None:
-        os.close(chunk.fd)
-        chunk.verify(0, chunk.payload_len)  # blocks that straddled sub-reads
-        if chunk.error is None and chunk.copy_to is not None:
-            chunk.copy_to[:] = chunk.dest[: chunk.payload_len]
-        batch._chunk_done(chunk)
+        try:
+            os.close(chunk.fd)
+            chunk.verify(0, chunk.payload_len)  # blocks that straddled sub-reads
+            if chunk.error is None and chunk.copy_to is not None:
+                chunk.copy_to[:] = chunk.dest[: chunk.payload_len]
+        except Exception as exc:
+            logger.error("kvscope disk: finishing %s failed", chunk.path, exc_info=True)
+            chunk.fail("reader_error", f"{chunk.path}: {type(exc).__name__}: {exc}")
+        finally:
+            batch._chunk_done(chunk)
 
 
 def _identity_mismatch(identity: Optional[Identity], st: os.stat_result) -> Optional[str]:

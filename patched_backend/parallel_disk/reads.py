@@ -7,6 +7,10 @@ objects, refusing (miss + report) any chunk that failed its checks. A refused ch
 served prefix: LMCache only uses a contiguous prefix, so chunks after it are released.
 ``settle_slots`` does the same for chunks that came from several batches (reads submitted at
 lookup time by prefetch.py plus reads of the rest).
+
+A read that did not finish in time (``expire``: reason ``timeout``) or was submitted after
+close (``closed``) is a miss like a refused one, but its file stays indexed; its memory goes
+back to LMCache only once no reader can write into it any more.
 """
 
 # Standard
@@ -31,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 # Refusals whose file is moved aside (it is ours and damaged); others just leave the index.
 _QUARANTINE = ("checksum", "truncated")
+# Misses that say nothing about the file: counted, the index entry is kept.
+_TRANSIENT = ("timeout", "closed")
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Slot:
     entry: Entry
     obj: Any
     chunk: ChunkRead
+    batch: ReadBatch
 
 
 @dataclass
@@ -53,8 +60,8 @@ class Started:
 
     def slots(self) -> list[Slot]:
         """One slot per started chunk, in key order (a prefix of ``keys``)."""
-        return [Slot(e, o, c) for e, o, c in zip(self.entries, self.objs, self.batch.chunks,
-                                                 strict=True)]
+        return [Slot(e, o, c, self.batch)
+                for e, o, c in zip(self.entries, self.objs, self.batch.chunks, strict=True)]
 
 
 class ReadPath:
@@ -74,11 +81,16 @@ class ReadPath:
         entries = self._index.acquire(keys)
         objs, chunks = [], []
         for entry in entries:
-            obj = self._allocate(entry, False)
-            if obj is None and busy_loop and self._allocator is not None:
-                if self.on_pressure is not None:
-                    self.on_pressure(keys)
-                obj = self._allocate(entry, True)
+            try:
+                obj = self._allocate(entry, False)
+                if obj is None and busy_loop and self._allocator is not None:
+                    if self.on_pressure is not None:
+                        self.on_pressure(keys)
+                    obj = self._allocate(entry, True)
+            except Exception:  # pins were taken: never leave them (nor the caller) hanging
+                logger.error("kvscope disk: allocating %s failed; a miss", entry.header.key,
+                             exc_info=True)
+                obj = None
             if obj is None:
                 break
             objs.append(obj)
@@ -119,12 +131,19 @@ class ReadPath:
                 continue
             if slot.chunk.error is not None:
                 self._refuse(slot.entry, slot.chunk.error)
-            slot.obj.ref_count_down()
+            _release_when_done(slot)
         self._index.unpin_all(entries)
         self._index.touch(served)
         self._stats.add(read_hits=len(served), read_bytes=ok_bytes, read_batches=1,
                         read_misses=len(entries) - len(served))
         return results
+
+    @staticmethod
+    def expire(slots: list[Optional[Slot]], timeout_s: float) -> None:
+        """Chunks still being read after the caller's deadline become misses (``timeout``)."""
+        for slot in slots:
+            if slot is not None and not slot.chunk.done:
+                slot.chunk.fail("timeout", f"{slot.entry.path} not read within {timeout_s:g} s")
 
     def report_claims(self, claimed: list[tuple[ReadBatch, Slot]], request_id: Optional[str],
                       claim_ns: int) -> None:
@@ -163,7 +182,7 @@ class ReadPath:
             dest, copy_to = staging_buffer(length), raw_view(obj.data_ptr, length)
         header = entry.header
         return ChunkRead(header.key, entry.path, length, dest,
-                         header.crcs if self._verify else None, header.crc_block,
+                         header.hashes if self._verify else None, header.hash_block,
                          entry.identity, copy_to)
 
     def _submit_event(self, batch: ReadBatch, keys: list[Hashable], kind: str,
@@ -183,6 +202,11 @@ class ReadPath:
 
     def _refuse(self, entry: Entry, error: tuple[str, str]) -> None:
         reason, detail = error
+        if reason in _TRANSIENT:
+            self._stats.miss(reason)
+            logger.warning("kvscope disk: chunk %s not served (%s): %s; counted as a miss",
+                           entry.header.key, reason, detail)
+            return
         self._index.remove(entry.key, only=entry)
         if reason in _QUARANTINE:
             quarantine(entry.path)
@@ -191,6 +215,14 @@ class ReadPath:
                        entry.header.key, reason, detail)
         hooks.emit("on_corrupt", hooks.CorruptEvent(
             self._dir, entry.header.key, entry.path, reason, detail, at_startup=False))
+
+
+def _release_when_done(slot: Slot) -> None:
+    """Return an unserved slot's memory now, or once its readers are done with it."""
+    if slot.chunk.done:
+        slot.obj.ref_count_down()
+    else:
+        slot.batch.add_done_callback(lambda _b: slot.obj.ref_count_down())
 
 
 def _emit_complete(submit: hooks.ReadSubmitEvent, batch: ReadBatch) -> None:

@@ -13,16 +13,20 @@ COUNTERS = (
     "evictions", "evicted_bytes", "corrupt_chunks",
     # prefetch_on_lookup: chunks read ahead, claimed by a get, released unclaimed
     "prefetch_reads", "prefetch_claimed", "prefetch_unclaimed",
+    # stores not queued because the write queue was full (its memory bound)
+    "stores_dropped",
 )
 
 
 class BackendStats:
-    """Thread-safe counters; ``corrupt_by_reason`` splits ``corrupt_chunks``."""
+    """Thread-safe counters; ``corrupt_by_reason`` splits ``corrupt_chunks`` (refused files),
+    ``miss_by_reason`` counts reads that missed with the file left indexed (timeout, closed)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
         self._corrupt: Counter[str] = Counter()
+        self._misses: Counter[str] = Counter()
 
     def add(self, **increments: int) -> None:
         """Add to named counters (names from COUNTERS)."""
@@ -38,10 +42,16 @@ class BackendStats:
             self._counts["corrupt_chunks"] += 1
             self._corrupt[reason] += 1
 
+    def miss(self, reason: str) -> None:
+        """Count one read that ended as a miss for ``reason`` without refusing its file."""
+        with self._lock:
+            self._misses[reason] += 1
+
     def snapshot(self, **gauges: Any) -> dict[str, Any]:
         """Counters plus the given gauges (chunks, used_bytes, reads_in_flight, ...)."""
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
             out["corrupt_by_reason"] = dict(self._corrupt)
+            out["miss_by_reason"] = dict(self._misses)
         out.update(gauges)
         return out

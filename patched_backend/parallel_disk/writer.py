@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Chunk writes off the request path: admission (capacity, LRU eviction) then a writer thread.
 
-A failed write (ENOSPC, EIO, ...) only skips that store: its reservation is returned, the error
-is counted and logged, serving and the chunks already on disk are untouched.
+A failed write (ENOSPC, EIO, metadata that does not fit the header, any error) only skips
+that store: its reservation is returned, the error is counted and logged, serving and the
+chunks already on disk are untouched. Each queued write holds its memory object (LMCache
+pool memory) until written, so the queue is bounded in bytes: a store that does not fit is
+dropped (``stores_dropped``; the chunk is simply not on disk, a miss later).
 """
 
 # Standard
@@ -18,7 +21,7 @@ import time
 # First Party
 from patched_backend.parallel_disk import hooks
 from patched_backend.parallel_disk.chunkfile import (
-    ChunkHeader, block_crcs, crc_block_for, file_size_for, write_chunk,
+    ChunkHeader, block_hashes, file_size_for, hash_block_for, write_chunk,
 )
 from patched_backend.parallel_disk.index import ChunkIndex, Entry
 from patched_backend.parallel_disk.stats import BackendStats
@@ -29,10 +32,13 @@ logger = logging.getLogger(__name__)
 class ChunkWriter:
     """Admits chunk stores and writes them in ``threads`` background threads."""
 
-    def __init__(self, directory: str, index: ChunkIndex, stats: BackendStats, threads: int) -> None:
+    def __init__(self, directory: str, index: ChunkIndex, stats: BackendStats, threads: int,
+                 queue_bytes: int) -> None:
         self._dir = directory
         self._index = index
         self._stats = stats
+        self.queue_bytes = queue_bytes
+        self._queued = 0  # payload bytes of writes queued or running
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvscope-write")
         self._pending: set[Hashable] = set()
         self._futures: set[Future] = set()
@@ -45,26 +51,51 @@ class ChunkWriter:
 
     def submit(self, key: Hashable, header: ChunkHeader, mem_obj: Any,
                on_complete: Optional[Callable[[Hashable], None]] = None) -> bool:
-        """Queue one store; False when skipped (present, in flight, or no space)."""
+        """Queue one store; False when skipped (present, in flight, queue full, or no space)."""
         with self._lock:
             if key in self._pending or self._index.get(key) is not None:
                 return False
-            self._pending.add(key)
+            dropped = bool(self._queued) and self._queued + header.payload_len > self.queue_bytes
+            if not dropped:
+                self._pending.add(key)
+                self._queued += header.payload_len
+        if dropped:
+            self._stats.add(stores_dropped=1)
+            logger.warning("kvscope disk: write queue full (%d MiB queued); store of %s dropped",
+                           self.queue_bytes >> 20, header.key)
+            return False
         size = file_size_for(header.payload_len)
         victims = self._index.reserve(size)
         if victims is None:
-            with self._lock:
-                self._pending.discard(key)
+            self._dequeue(key, header.payload_len)
             self._stats.add(stores_skipped=1)
             logger.warning("kvscope disk: no evictable space for %d bytes in %s (capacity %d); "
                            "store of %s skipped", size, self._dir, self._index.capacity, header.key)
             return False
         mem_obj.ref_count_up()
-        future = self._pool.submit(self._write, key, header, mem_obj, size, victims, on_complete)
+        try:
+            future = self._pool.submit(self._write, key, header, mem_obj, size, victims,
+                                       on_complete)
+        except RuntimeError:  # closed: nothing will write it
+            mem_obj.ref_count_down()
+            self._index.release(size)
+            self._dequeue(key, header.payload_len)
+            self._evict(victims)
+            return False
         with self._lock:
             self._futures.add(future)
         future.add_done_callback(self._forget)
         return True
+
+    def queued_bytes(self) -> int:
+        """Payload bytes of writes queued or running (gauge)."""
+        with self._lock:
+            return self._queued
+
+    def _dequeue(self, key: Hashable, payload_len: int) -> None:
+        with self._lock:
+            self._pending.discard(key)
+            self._queued -= payload_len
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait for the writes queued so far; False if ``timeout`` expired first."""
@@ -84,16 +115,16 @@ class ChunkWriter:
 
     def _write(self, key: Hashable, header: ChunkHeader, mem_obj: Any, size: int,
                victims: list[Entry], on_complete: Optional[Callable[[Hashable], None]]) -> None:
-        self._evict(victims)
         start = time.monotonic_ns()
         error = ""
         try:
+            self._evict(victims)
             payload = mem_obj.byte_array
-            block = crc_block_for(header.payload_len)
-            header = replace(header, crc_block=block, crcs=block_crcs(payload, block))
+            block = hash_block_for(header.payload_len)
+            header = replace(header, hash_block=block, hashes=block_hashes(payload, block))
             path, st = write_chunk(self._dir, header, payload)
-        except OSError as exc:
-            error = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
+        except Exception as exc:  # any failure: the reservation must come back
+            error = _describe(exc)
             self._index.release(size)
             self._stats.add(store_failures=1)
             logger.warning("kvscope disk: store of %s skipped: %s", header.key, error)
@@ -103,8 +134,7 @@ class ChunkWriter:
             self._stats.add(stores=1, store_bytes=st.st_size)
         finally:
             mem_obj.ref_count_down()
-            with self._lock:
-                self._pending.discard(key)
+            self._dequeue(key, header.payload_len)
         hooks.emit("on_store", hooks.StoreEvent(
             self._dir, header.key, size, start, time.monotonic_ns(), not error, error,
             threading.get_native_id()))
@@ -123,3 +153,10 @@ class ChunkWriter:
             self._stats.add(evictions=1, evicted_bytes=entry.file_size)
             hooks.emit("on_evict", hooks.EvictEvent(self._dir, entry.header.key, entry.file_size))
 
+
+
+def _describe(exc: Exception) -> str:
+    """``ENOSPC: No space left on device`` for OS errors, ``ValueError: ...`` otherwise."""
+    if isinstance(exc, OSError):
+        return f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"

@@ -15,7 +15,7 @@ import pandas as pd
 # First Party
 from kvscope import rundir
 from patched_backend.parallel_disk.chunkfile import (
-    HEADER_SIZE, SUFFIX, TEMP_PREFIX, ChunkHeader, block_crcs, read_header,
+    HEADER_SIZE, SUFFIX, TEMP_PREFIX, ChunkHeader, block_hashes, read_header,
 )
 
 CHUNK_TOKENS = 256
@@ -61,13 +61,13 @@ def temp_files(kv_dir: Path) -> list[Path]:
 
 
 def verify_file(path: Path) -> ChunkHeader:
-    """Read a whole chunk file and check its header and every payload CRC (AssertionError)."""
+    """Read a whole chunk file and check its header and every payload hash (AssertionError)."""
     header, _ = read_header(str(path))
     with open(path, "rb") as f:
         f.seek(HEADER_SIZE)
         payload = memoryview(bytearray(f.read(header.payload_len)))
     assert len(payload) == header.payload_len, f"{path} is short"
-    assert block_crcs(payload, header.crc_block) == header.crcs, f"{path}: payload CRC differs"
+    assert block_hashes(payload, header.hash_block) == header.hashes, f"{path}: payload hash differs"
     return header
 
 

@@ -24,7 +24,7 @@ def tiny_fs(tmp_path):
         pytest.skip("mounting a size-limited tmpfs needs root")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)], check=True)
     try:
         yield mnt
     finally:

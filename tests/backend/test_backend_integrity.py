@@ -33,7 +33,7 @@ def _replace_with_foreign(path: str) -> None:
 
 
 def _older_format_version(path: str) -> None:
-    """Version 1 (zlib CRC32) chunk files are not read by version 2: a miss, not an error."""
+    """Version 2 (CRC32C) chunk files are not read by version 3: a miss, not an error."""
     with open(path, "r+b") as f:
         f.seek(8)
         f.write(struct.pack("<I", VERSION - 1))
@@ -74,7 +74,7 @@ def test_damaged_chunk_while_running_is_a_miss(harness, tmp_path, damage, reason
     pytest.param(_flip_payload_byte, "checksum", id="corrupt-payload"),
     pytest.param(_truncate, "truncated", id="truncated"),
     pytest.param(_replace_with_foreign, "foreign", id="foreign"),
-    pytest.param(_older_format_version, "foreign", id="older-format-version"),
+    pytest.param(_older_format_version, "format_version", id="older-format-version"),
 ])
 def test_damaged_chunk_after_restart_is_never_served(harness, tmp_path, damage, reason):
     first = harness()
@@ -114,8 +114,8 @@ def _keys(n):
 
 
 @pytest.mark.parametrize("read_unit", ["64KiB", "1MiB", "4MiB"])
-def test_corruption_in_any_crc_block_is_caught(harness, tmp_path, read_unit):
-    """2 MiB chunks = two 1 MiB CRC blocks; sub-reads smaller than, equal to, larger than one."""
+def test_corruption_in_any_hash_block_is_caught(harness, tmp_path, read_unit):
+    """2 MiB chunks = two 1 MiB hash blocks; sub-reads smaller than, equal to, larger than one."""
     h = harness(layers=16, **{"kvscope.read_unit": read_unit})
     h.put([0, 1])
     assert_exact(h.get([0]), [0], layers=16)

@@ -25,7 +25,7 @@ from live_support import (
     server_log, temp_files, verify_file,
 )
 from patched_backend.parallel_disk.chunkfile import (
-    HEADER_SIZE, QUARANTINE_SUFFIX, block_crcs, read_header, write_chunk,
+    HEADER_SIZE, QUARANTINE_SUFFIX, block_hashes, read_header, write_chunk,
 )
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
@@ -68,7 +68,7 @@ def _other_geometry_chunk(template: Path) -> None:
     shape = (two, layers // 2, tokens, hidden)
     payload = memoryview(bytearray(header.payload_len // 2))
     other = replace(header, key=header.key[:-4] + "beef", shape=shape,
-                    payload_len=len(payload), crcs=block_crcs(payload, header.crc_block))
+                    payload_len=len(payload), hashes=block_hashes(payload, header.hash_block))
     write_chunk(str(template.parent), other, payload)
 
 
