@@ -10,10 +10,9 @@ import pandas as pd
 
 from analysis import otlp, server_requests
 from kvscope import rundir
+from kvscope.rundir import empty_table
 
-_DTYPES = {"i": "int64", "f": "float64", "s": "str", "b": "bool"}
 _WHY_MISSING = {
-    "requests": "nothing to attribute: the workload driver wrote no requests",
     "block_io": "storage read cannot be split into device queue / service / software",
     "queue_depth": "no queue-depth distribution or Little's-law check",
 }
@@ -38,12 +37,6 @@ class Run:
     nvme_io: pd.DataFrame
     problems: list[str] = field(default_factory=list)
     request_notes: dict[str, list[str]] = field(default_factory=dict)
-
-
-def empty_table(name: str) -> pd.DataFrame:
-    """Table `name` of rundir.TABLES with its schema-v1 columns and no rows."""
-    columns = rundir.TABLES[name].columns
-    return pd.DataFrame({c: pd.Series(dtype=_DTYPES[k]) for c, k in columns.items()})
 
 
 def load_run(path: str | Path, *, read_spans: bool = True) -> Run:
@@ -83,7 +76,7 @@ def _manifest(path: Path, problems: list[str]) -> dict[str, Any]:
 def _table(path: Path, name: str, problems: list[str]) -> pd.DataFrame:
     frame = rundir.read_table(path, name)
     if frame is None:
-        if name not in ("requests", "nvme_io"):  # validate() reports requests; NVMe is optional
+        if name in _WHY_MISSING:  # validate() reports requests; the other tables are optional
             problems.append(f"{rundir.TABLES[name].file} is missing: {_WHY_MISSING[name]}")
         return empty_table(name)
     if any(c not in frame.columns for c in rundir.TABLES[name].columns):

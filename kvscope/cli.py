@@ -20,6 +20,7 @@ COMMANDS = (
     "kvscope.commands.export",
     "kvscope.commands.model",
     "kvscope.commands.probe",
+    "kvscope.commands.record",
     "kvscope.commands.run",
     "kvscope.commands.whatif",
 )

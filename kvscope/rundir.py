@@ -79,6 +79,15 @@ class RunDirError(ValueError):
     """A run directory that cannot be read as schema v1; the message says what and where."""
 
 
+_DTYPES = {"i": "int64", "f": "float64", "s": "str", "b": "bool"}
+
+
+def empty_table(name: str) -> pd.DataFrame:
+    """Table `name` with its schema-v1 columns and no rows."""
+    columns = TABLES[name].columns
+    return pd.DataFrame({c: pd.Series(dtype=_DTYPES[k]) for c, k in columns.items()})
+
+
 def table_path(run: Path, name: str) -> Path:
     return Path(run) / TABLES[name].file
 

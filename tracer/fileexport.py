@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -26,7 +27,12 @@ _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 def otlp_json_document(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     """The ExportTraceServiceRequest for `spans` in the OTLP JSON mapping (hex ids)."""
-    document = json_format.MessageToDict(encode_spans(spans))
+    return otlp_json(encode_spans(spans))
+
+
+def otlp_json(request: Message) -> dict[str, Any]:
+    """An ExportTraceServiceRequest message as an OTLP JSON document (hex ids, not base64)."""
+    document = json_format.MessageToDict(request)
     for resource_spans in document.get("resourceSpans", ()):
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for span in scope_spans.get("spans", ()):

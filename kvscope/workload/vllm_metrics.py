@@ -23,8 +23,13 @@ Sample = dict[str, float]
 
 def scrape(server: "VLLMServer") -> Sample:
     """Flat {name[label=value]: value} for the histograms' sums/counts and the counters."""
+    return parse(server.metrics_text())
+
+
+def parse(text: str) -> Sample:
+    """`scrape` on a /metrics page already fetched."""
     values: Sample = {}
-    for family in text_string_to_metric_families(server.metrics_text()):
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             base = sample.name.removesuffix("_sum").removesuffix("_count").removesuffix("_total")
             wanted = base in HISTOGRAMS and sample.name.endswith(("_sum", "_count"))
