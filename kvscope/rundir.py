@@ -72,6 +72,23 @@ TABLES: dict[str, TableSpec] = {
         },
         "probes (NVMe probe)",
     ),
+    "io_histograms": TableSpec(
+        "io_histograms.parquet",
+        {
+            "phase": "s", "device": "s", "pid": "i", "op": "s", "kind": "s", "slot": "i",
+            "lo_us": "i", "hi_us": "i", "count": "i",
+        },
+        "probes (aggregate block probe)",
+    ),
+    "io_totals": TableSpec(
+        "io_totals.parquet",
+        {
+            "phase": "s", "device": "s", "pid": "i", "op": "s", "ios": "i", "bytes": "i",
+            "queue_ns": "i", "service_ns": "i", "no_start": "i", "no_issue": "i",
+            "window_ns": "i",
+        },
+        "probes (aggregate block probe)",
+    ),
 }
 
 

@@ -19,6 +19,13 @@ LOST_KEYS = ("ringbuf_full", "map_full")
 TWIN = b"block_rq_complete_twin"  # second completion program, attached by the probe (rq key)
 BATCH = 32  # completions per ring-buffer record
 
+# One completed request as both probes send it to userspace (EVENT_DTYPE below).
+EVENT_C = """struct event_t {
+    u64 start_ns; u64 insert_ns; u64 issue_ns; u64 complete_ns; u64 sector;
+    u32 dev; u32 bytes; u32 tgid; u32 tid; s32 error; u32 tracked;
+    char comm[16]; char rwbs[8];
+};"""
+
 BPF_TEXT = r"""
 #include <uapi/linux/ptrace.h>
 
@@ -36,11 +43,7 @@ struct req_t {
     u64 start_ns; u64 insert_ns; u64 issue_ns; u64 sector;
     u32 dev; u32 bytes; u32 tgid; u32 tid; char comm[16]; char rwbs[8]; u32 tracked;
 };
-struct event_t {
-    u64 start_ns; u64 insert_ns; u64 issue_ns; u64 complete_ns; u64 sector;
-    u32 dev; u32 bytes; u32 tgid; u32 tid; s32 error; u32 tracked;
-    char comm[16]; char rwbs[8];
-};
+EVENT_STRUCT
 /* Completions are batched per CPU so userspace handles one ring-buffer record per BATCH. */
 struct batch_t { u32 n; u32 pad; struct event_t ev[BATCH]; };
 struct hist_key_t { u32 dev; u32 slot; };
@@ -281,6 +284,7 @@ def render(opts: BlockOptions) -> str:
         "KEY_RQ_VALUE": str(int(opts.key == "rq")),
         "FILTER_PIDS_VALUE": str(int(opts.filter_pids)),
         "FILTER_DEVS_VALUE": str(int(opts.filter_devices)),
+        "EVENT_STRUCT": EVENT_C,
         "START_TRACEPOINT": opts.start_tracepoint,
         "RINGBUF_PAGES": str(opts.ringbuf_pages),
         "MAX_REQUESTS": str(opts.max_requests),

@@ -19,6 +19,8 @@ NEEDED = {
     "request_queue": ("disk",),
     "gendisk": ("major", "first_minor"),
 }
+# The aggregate probe also reads the kernel's own request timestamps at completion.
+AGGREGATE_NEEDED = {**NEEDED, "request": (*NEEDED["request"], "start_time_ns", "io_start_time_ns")}
 
 _MEMBER = re.compile(r"^\s+'([^']+)' type_id=\d+ bits_offset=(\d+)")
 
@@ -54,14 +56,18 @@ def struct_offsets(dump: str, needed: dict[str, tuple[str, ...]]) -> dict[str, i
 
 
 @functools.cache
-def kernel_offsets() -> dict[str, int]:
-    """Offsets for NEEDED on the running kernel (once per process; the kernel cannot change
-    under it); BtfError if BTF or bpftool is missing."""
+def _vmlinux_dump() -> str:
+    """The running kernel's BTF as text (once per process; the kernel cannot change under it)."""
     if not VMLINUX_BTF.exists():
         raise BtfError(f"{VMLINUX_BTF} is missing (kernel built without CONFIG_DEBUG_INFO_BTF)")
     try:
-        dump = subprocess.run(["bpftool", "btf", "dump", "file", str(VMLINUX_BTF), "format", "raw"],
+        return subprocess.run(["bpftool", "btf", "dump", "file", str(VMLINUX_BTF), "format", "raw"],
                               check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise BtfError(f"bpftool cannot dump {VMLINUX_BTF} ({e}); install Debian's bpftool") from e
-    return struct_offsets(dump, NEEDED)
+
+
+def kernel_offsets(needed: dict[str, tuple[str, ...]] = NEEDED) -> dict[str, int]:
+    """Offsets for `needed` (NEEDED or AGGREGATE_NEEDED) on the running kernel; BtfError if
+    BTF, bpftool or a field is missing."""
+    return struct_offsets(_vmlinux_dump(), needed)

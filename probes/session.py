@@ -5,6 +5,11 @@
     ...phase runs...
     session.stop()      # or: with probes.session.start(...): ...
 
+Two modes: "per-io" (default) follows every request through five tracepoints and writes one
+block_io row per request; "aggregate" (always-on) keeps per-device / per-process histograms and
+counters in the kernel from one tracepoint per request and writes rows only for `pids` (thread
+or process ids), for long recordings on busy hosts.
+
 BPF failing never breaks the workload: the session says why and falls back to the sysfs
 sampler, and manifest["probes"] records which mode ran (docs/probes.md).
 """
@@ -18,23 +23,30 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kvscope import rundir
+from probes.aggregate import AggregateProbe
 from probes.block import BlockProbe, resolve_device
 from probes.block_bpf import BlockOptions
+from probes.btf import BtfError
 from probes.detect import Fallback, Plan, detect
 from probes.nvme import NvmeProbe
 from probes.sampler import InflightSampler, default_devices
 
 log = logging.getLogger("kvscope.probes")
+MODES = ("per-io", "aggregate")
+AGGREGATE_DEPTH_INTERVAL_S = 0.1  # the kernel's own in-flight counts, sampled for the series
 
 
 class ProbeSession:
     """Probes running for one phase of one run; stop() detaches and writes (idempotent)."""
 
-    def __init__(self, run: Path, phase: str, pids: list[int], devices: list[str]) -> None:
+    def __init__(self, run: Path, phase: str, pids: list[int], devices: list[str],
+                 mode: str = "per-io") -> None:
         self.run, self.phase, self.pids, self.devices = run, phase, pids, devices
+        self.mode = mode
         self.plan: Plan | None = None
         self.fallback: Fallback | None = None
         self.block: BlockProbe | None = None
+        self.aggregate: AggregateProbe | None = None
         self.nvme: NvmeProbe | None = None
         self.sampler: InflightSampler | None = None
         self.nvme_error = ""
@@ -57,6 +69,9 @@ class ProbeSession:
         self.started_ns = time.monotonic_ns()
 
     def _start_bpf(self, plan: Plan) -> None:
+        if self.mode == "aggregate":
+            self._start_aggregate(plan)
+            return
         opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint,
                             offsets=plan.offsets)
         if plan.note:
@@ -70,6 +85,25 @@ class ProbeSession:
         self.plan = plan
         if plan.nvme:
             self._start_nvme()
+
+    def _start_aggregate(self, plan: Plan) -> None:
+        """Needs raw tracepoints and BTF (the `rq` plan) for the kernel's request timestamps."""
+        if plan.key != "rq":
+            raise RuntimeError(f"aggregate mode reads struct request through BTF at raw "
+                               f"tracepoints, which this kernel lacks: {plan.note}")
+        try:
+            probe = AggregateProbe(track=self.pids, devices=self.devices)
+        except BtfError as e:
+            raise RuntimeError(f"aggregate mode: {e}") from e
+        probe.start()
+        try:
+            self.sampler = InflightSampler(self.devices or default_devices(),
+                                           interval_s=AGGREGATE_DEPTH_INTERVAL_S)
+        except BaseException:
+            probe.stop()
+            raise
+        self.aggregate = probe
+        self.plan = plan
 
     def _start_nvme(self) -> None:
         """NVMe failing to attach costs only the NVMe rows; block probing carries on."""
@@ -87,14 +121,17 @@ class ProbeSession:
             return
         self._stopped = True
         ended_ns = time.monotonic_ns()
-        for probe in (self.block, self.nvme):
+        for probe in (self.block, self.nvme, self.aggregate):
             if probe is not None:
                 probe.stop()
         record: dict[str, Any] = {"started_ns": self.started_ns, "ended_ns": ended_ns}
-        if self.sampler is not None:
+        if self.aggregate is not None:
+            record.update(self._write_aggregate())
+        elif self.sampler is not None:
             record.update(self._write_sampler())
         else:
             record.update(self._write_bpf())
+        record["probe_mode"] = self.mode
         _record_phase(self.run, self.phase, record, self.pids, self.devices)
 
     def _write_sampler(self) -> dict[str, Any]:
@@ -106,6 +143,21 @@ class ProbeSession:
         if self.pids:
             record["pid_filter"] = "not applied: the sampler sees whole devices"
         return record
+
+    def _write_aggregate(self) -> dict[str, Any]:
+        result = self.aggregate.result(self.phase)
+        depth, diskstats = self.sampler.stop(self.phase)
+        tables = {"io_histograms": result.histograms, "io_totals": result.totals,
+                  "queue_depth": depth}
+        if self.pids:  # no tracked ids: no block_io table rather than an empty one
+            tables["block_io"] = result.block_io
+        for name, frame in tables.items():
+            rundir.append_table(self.run, name, frame)
+        return {"mode": "bpf", "key": self.plan.key, "key_note": self.plan.note,
+                "tracepoints": self.aggregate.tracepoints, "why_fallback": "",
+                "lost_events": result.lost_events,
+                "rows": {name: len(frame) for name, frame in tables.items()},
+                "tracked_ids": self.pids, "diskstats": diskstats}
 
     def _write_bpf(self) -> dict[str, Any]:
         result = self.block.result(self.phase)
@@ -140,7 +192,7 @@ def _record_phase(run: Path, phase: str, record: dict[str, Any], pids: list[int]
     section = rundir.read_manifest(run).get("probes") or {"phases": {}}
     section["phases"][phase] = record
     section.update(
-        mode=record["mode"], tracepoints=record["tracepoints"],
+        mode=record["mode"], probe_mode=record["probe_mode"], tracepoints=record["tracepoints"],
         why_fallback=record["why_fallback"], pids=pids, devices=devices,
         lost_events=sum(max(n, 0) for p in section["phases"].values()
                         for n in p["lost_events"].values()),
@@ -150,8 +202,15 @@ def _record_phase(run: Path, phase: str, record: dict[str, Any], pids: list[int]
 
 
 def start(run: Path, phase: str, *, pids: Iterable[int] | None = None,
-          devices: Iterable[str] | None = None) -> ProbeSession:
-    """Attach probes for `phase` of the run at `run` (which must exist); returns quickly (~1 s)."""
+          devices: Iterable[str] | None = None, mode: str = "per-io") -> ProbeSession:
+    """Attach probes for `phase` of the run at `run` (which must exist); returns quickly (~1 s).
+
+    mode "per-io": `pids` (tgids) filter the rows and histograms. mode "aggregate": every
+    request on `devices` is counted in kernel histograms; `pids` (thread or process ids) are
+    the ones whose requests also become block_io rows and per-process histograms.
+    """
+    if mode not in MODES:
+        raise ValueError(f"probe mode {mode!r}: expected one of {', '.join(MODES)}")
     run = Path(run)
     rundir.read_manifest(run)  # fail now, not after the phase, if RUN is not a run directory
     for device in devices or ():
@@ -160,6 +219,6 @@ def start(run: Path, phase: str, *, pids: Iterable[int] | None = None,
         if not Path(f"/proc/{pid}").exists():
             raise ValueError(f"pid {pid}: no such process; pass the pid of a running process "
                              f"(for vLLM, the worker process that reads the KV chunks)")
-    session = ProbeSession(run, phase, sorted(set(pids or ())), sorted(set(devices or ())))
+    session = ProbeSession(run, phase, sorted(set(pids or ())), sorted(set(devices or ())), mode)
     session._start()
     return session

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes import btf, frames, sampler
+from probes import aggregate_bpf, aggregate_frames, btf, frames, sampler
 from probes.block_bpf import EVENT_DTYPE, OFFSET_NAMES, BlockOptions, render
 
 OFFSETS = {name: 8 * i for i, name in enumerate(sorted(OFFSET_NAMES))}
@@ -94,3 +94,43 @@ def test_diskstats_delta() -> None:
     after = sampler.read_diskstats(line.format(13, 164, 5, 0, 2), ["vda", "sdz"])
     delta = sampler.diskstats_delta(before, after)["vda"]
     assert delta["reads"] == 3 and delta["read_bytes"] == 64 * 512 and delta["in_flight"] == 2
+
+
+AGG_OFFSETS = {**{name: 8 * i for i, name in enumerate(sorted(aggregate_bpf.OFFSET_NAMES))},
+               "REQUEST_START_TIME_NS": 104, "REQUEST_IO_START_TIME_NS": 112}
+
+
+@pytest.mark.parametrize("track", [False, True])
+def test_aggregate_render_attaches_submission_only_when_tracking(track: bool) -> None:
+    text = aggregate_bpf.render(aggregate_bpf.AggregateOptions(track=track, offsets=AGG_OFFSETS))
+    assert f"#define TRACK {int(track)}" in text
+    assert "RAW_TRACEPOINT_PROBE(block_rq_complete)" in text
+    assert "u64 words[15];" in text  # struct request read up to io_start_time_ns in one go
+    assert "_VALUE" not in text and "EVENT_STRUCT" not in text and "struct event_t {" in text
+
+
+def test_aggregate_render_rejects_missing_offsets() -> None:
+    with pytest.raises(ValueError, match="REQUEST_IO_START_TIME_NS"):
+        aggregate_bpf.render(aggregate_bpf.AggregateOptions(offsets=OFFSETS))
+
+
+def test_aggregate_frames_from_counters() -> None:
+    v = np.zeros(aggregate_bpf.NSTATS, dtype="uint64")
+    ops, slots = len(aggregate_bpf.OPS), aggregate_bpf.SLOTS
+    scalar = {name: i for i, name in enumerate(aggregate_bpf.SCALARS)}
+    v[scalar["ios"] * ops + 0], v[scalar["bytes"] * ops + 0] = 3, 3 * 4096  # reads
+    v[scalar["service_ns"] * ops + 0] = 600_000
+    v[scalar["ios"] * ops + 1], v[scalar["no_issue"] * ops + 1] = 1, 1  # one write, no issue
+    service_read = aggregate_bpf.HIST_BASE + (0 * 2 + 1) * slots
+    v[service_read + 7], v[service_read + 8] = 2, 1
+    counters = aggregate_frames.sum_by_key([(("vda", -1), v), (("vda", -1), v)])
+    hist = aggregate_frames.histograms_frame(counters, "p")
+    assert hist[["op", "kind", "slot", "lo_us", "hi_us", "count"]].values.tolist() == [
+        ["R", "service", 7, 64, 128, 4], ["R", "service", 8, 128, 256, 2]]
+    totals = aggregate_frames.totals_frame(counters, "p", window_ns=1_000_000).set_index("op")
+    assert totals.loc["R", "ios"] == 6 and totals.loc["R", "bytes"] == 6 * 4096
+    assert totals.loc["R", "mean_service_depth"] == pytest.approx(1.2)
+    assert totals.loc["W", "no_issue"] == 2 and list(totals.index) == ["R", "W"]
+    assert aggregate_frames.slot_bounds_us(1) == (0, 2)
+    with pytest.raises(ValueError, match="shape"):
+        aggregate_frames.sum_by_key([(("vda", -1), v[:3])])

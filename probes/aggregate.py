@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The aggregate (always-on) block probe: per-device and per-process latency histograms and
+counters kept in the kernel, per-I/O rows only for the tracked thread / process ids.
+
+Usage (as root):
+    with AggregateProbe(track={engine_pid, *reader_tids}, devices={"vda"}) as probe:
+        ...workload...
+    result = probe.result("cold")   # io_histograms, io_totals, block_io (tracked only), lost
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from probes import aggregate_frames, frames
+from probes.aggregate_bpf import (LOST_KEYS, MAX_DEVS, NSTATS, PID_BITMAP_WORDS,
+                                  AggregateOptions, render)
+from probes.block import program_ids, recursion_misses, resolve_device
+from probes.block_bpf import EVENT_DTYPE
+from probes.btf import AGGREGATE_NEEDED, kernel_offsets
+from probes.collect import RingCollector
+
+ATTACHED = ("block_rq_complete",)
+ATTACHED_TRACKING = ("block_io_start", "block_rq_merge", "block_rq_complete")
+
+
+@dataclass
+class AggregateResult:
+    """What one aggregate probe session saw, ready for the run directory."""
+
+    block_io: pd.DataFrame  # tracked ids' requests only
+    histograms: pd.DataFrame  # io_histograms rows
+    totals: pd.DataFrame  # io_totals rows
+    lost_events: dict[str, int]
+
+
+class AggregateProbe:
+    """Attach on start(), detach on stop(); both idempotent. Needs root, bcc and BTF."""
+
+    def __init__(self, *, track: Iterable[int] | None = None,
+                 devices: Iterable[str] | None = None,
+                 offsets: dict[str, int] | None = None) -> None:
+        self.track = sorted(set(track or ()))
+        bad = [i for i in self.track if not 0 < i < PID_BITMAP_WORDS * 64]
+        if bad:
+            raise ValueError(f"ids {bad}: thread / process ids must be in 1..{PID_BITMAP_WORDS * 64 - 1}")
+        self.filter_devices = bool(devices)
+        names = sorted(set(devices or ()) or _every_disk())
+        if len(names) >= MAX_DEVS:
+            raise ValueError(f"{len(names)} disks: the aggregate probe keeps at most "
+                             f"{MAX_DEVS - 1}; pass the disks to probe with devices=")
+        # stats index (1..) -> dev_t and name
+        self.devs = {i: (resolve_device(n), _whole_disk_name(n)) for i, n in enumerate(names, 1)}
+        self.opts = AggregateOptions(track=bool(self.track), filter_devices=self.filter_devices,
+                                     offsets=offsets or kernel_offsets(AGGREGATE_NEEDED))
+        self._bpf: Any = None
+        self._collector: RingCollector | None = None
+        self._records: np.ndarray | None = None
+        self._counters: aggregate_frames.Counters = {}
+        self._lost: dict[str, int] = {}
+        self.started_ns = self.stopped_ns = 0
+
+    @property
+    def tracepoints(self) -> list[str]:
+        names = ATTACHED_TRACKING if self.track else ATTACHED
+        return [f"raw_tp:block:{n}" for n in names]
+
+    def start(self) -> "AggregateProbe":
+        if self._bpf is not None:
+            return self
+        from bcc import BPF
+
+        bpf = BPF(text=render(self.opts).encode())
+        try:
+            for idx, (dev, _) in self.devs.items():
+                bpf[b"dev_idx"][ctypes.c_uint32(dev)] = ctypes.c_uint32(idx)
+            if self.track:
+                bits = bpf[b"track_ids"]
+                words: dict[int, int] = {}
+                for i in self.track:
+                    words[i >> 6] = words.get(i >> 6, 0) | 1 << (i & 63)
+                for word, value in words.items():
+                    bits[ctypes.c_int(word)] = ctypes.c_uint64(value)
+                self._collector = RingCollector(bpf, {"events": EVENT_DTYPE})
+        except BaseException:
+            bpf.cleanup()
+            raise
+        self._bpf = bpf
+        self.started_ns = time.monotonic_ns()
+        return self
+
+    def stop(self) -> None:
+        """Detach every program, then read the counters and drain the rows (kept for result())."""
+        if self._bpf is None:
+            return
+        bpf, self._bpf = self._bpf, None
+        try:
+            for tp in list(bpf.raw_tracepoint_fds):
+                bpf.detach_raw_tracepoint(tp)
+            self.stopped_ns = time.monotonic_ns()
+            self._drain(bpf)
+        finally:
+            bpf.cleanup()
+
+    def _drain(self, bpf: Any) -> None:
+        empty = np.zeros(0, dtype=EVENT_DTYPE)
+        self._records = self._collector.stop()["events"] if self._collector else empty
+        names = {idx: name for idx, (_, name) in self.devs.items()}
+        records = [((names[idx], -1), v) for idx, v in _per_cpu_stats(bpf, names)]
+        if self.track:
+            for key, value in bpf[b"proc_stats"].items():
+                v = np.frombuffer(ctypes.string_at(ctypes.addressof(value), ctypes.sizeof(value)),
+                                  dtype="<u8")
+                if int(key.idx) in names:
+                    records.append(((names[int(key.idx)], int(key.tgid)), v))
+        self._counters = aggregate_frames.sum_by_key(records)
+        lost = bpf[b"lost"]
+        self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
+        self._lost["bad_record_size"] = self._collector.bad_sizes["events"] if self._collector else 0
+        self._lost.update(recursion_misses(bpf))
+
+    def program_ids(self) -> list[int]:
+        """Kernel ids of the loaded programs (`bpftool prog show id N`)."""
+        return program_ids(self._bpf)
+
+    def __enter__(self) -> "AggregateProbe":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def result(self, phase: str) -> AggregateResult:
+        """Tables and counters of the stopped probe."""
+        if self._records is None:
+            raise RuntimeError("AggregateProbe.result() needs a started and stopped probe")
+        records = self._records.copy()
+        records["dev"] = [self.devs[int(i)][0] for i in records["dev"]]  # index -> dev_t
+        rows = frames.block_frame(records, phase, from_status=True)
+        rows["issue_ns"] = rows["issue_ns"].where(rows["issue_ns"] > 0, -1)
+        window = self.stopped_ns - self.started_ns
+        return AggregateResult(
+            block_io=rows,
+            histograms=aggregate_frames.histograms_frame(self._counters, phase),
+            totals=aggregate_frames.totals_frame(self._counters, phase, window),
+            lost_events=dict(self._lost),
+        )
+
+
+def _every_disk(sys_root: Path = Path("/sys")) -> list[str]:
+    """Every whole disk the kernel has now (partitions are counted under their disk)."""
+    return sorted(p.name for p in (sys_root / "block").iterdir())
+
+
+def _whole_disk_name(name: str) -> str:
+    return frames.device_name(resolve_device(name))
+
+
+def _per_cpu_stats(bpf: Any, names: dict[int, str]) -> list[tuple[int, np.ndarray]]:
+    """(index, counters summed over CPUs) for the probed disks' stats indexes."""
+    table = bpf[b"dev_stats"]
+    out = []
+    for idx in names:
+        per_cpu = table.getvalue(ctypes.c_int(idx))
+        raw = ctypes.string_at(ctypes.addressof(per_cpu), ctypes.sizeof(per_cpu))
+        out.append((idx, np.frombuffer(raw, dtype="<u8").reshape(-1, NSTATS).sum(axis=0)))
+    return out

@@ -1,0 +1,275 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The aggregate (always-on) block probe's kernel side: BPF text and its pure render().
+
+Cheap enough for every I/O of a busy host because it keeps no state per request: one raw
+tracepoint program on `block_rq_complete` reads the kernel's own timestamps from the
+`struct request` (`start_time_ns`, set when the request is allocated, and `io_start_time_ns`,
+set when it is issued to the driver) at offsets taken from BTF, and adds the request to per-CPU
+counters and log2 histograms of its device (no hash entry per request, no atomics, one program
+per I/O instead of five). Only requests submitted by the tracked thread / process ids are also
+followed from `block_io_start` and emitted as per-I/O rows (the per-I/O probe's record layout),
+and counted again under their process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from probes.block_bpf import EVENT_C
+
+# Operations (REQ_OP_* order: read, write, flush, discard, then every other op).
+OPS = ("R", "W", "F", "D", "O")
+KINDS = ("queue", "service")  # start_time_ns -> io_start_time_ns, io_start_time_ns -> complete
+SLOTS = 32  # log2(us) buckets as bcc's bpf_log2l: slot k holds [2^(k-1), 2^k) us, slot 1 also 0
+MAX_DEVS = 64
+# One stats record (u64 counters): per op the scalar counters, then the histograms.
+SCALARS = ("ios", "bytes", "queue_ns", "service_ns", "no_start", "no_issue")
+HIST_BASE = len(SCALARS) * len(OPS)
+NSTATS = HIST_BASE + len(OPS) * len(KINDS) * SLOTS
+# Indexes of the `lost` array, also manifest lost_events keys.
+LOST_KEYS = ("ringbuf_full", "map_full", "disk_added")
+PID_BITMAP_WORDS = 65536  # bit per id below 4194304 (the kernel's largest pid_max)
+OFFSET_NAMES = {"REQUEST_Q", "REQUEST_CMD_FLAGS", "REQUEST___DATA_LEN", "REQUEST___SECTOR",
+                "REQUEST_START_TIME_NS", "REQUEST_IO_START_TIME_NS", "REQUEST_QUEUE_DISK",
+                "GENDISK_MAJOR", "GENDISK_FIRST_MINOR"}
+REQUEST_FIELDS = ("REQUEST_Q", "REQUEST_CMD_FLAGS", "REQUEST___DATA_LEN", "REQUEST___SECTOR",
+                  "REQUEST_START_TIME_NS", "REQUEST_IO_START_TIME_NS")
+
+BPF_TEXT = r"""
+#include <uapi/linux/ptrace.h>
+
+#define TRACK TRACK_VALUE
+#define FILTER_DEVS FILTER_DEVS_VALUE
+
+EVENT_STRUCT
+struct stats_t { u64 v[NSTATS_VALUE]; };
+struct pkey_t { u32 tgid; u32 idx; };
+struct tracked_t { u64 submit_ns; u32 tgid; u32 tid; char comm[16]; };
+
+BPF_PERCPU_ARRAY(dev_stats, struct stats_t, MAX_DEVS_VALUE);   /* index 0: not probed */
+BPF_HASH(dev_idx, u32, u32, MAX_DEVS_VALUE);                  /* dev_t -> index */
+BPF_HASH(queue_idx, u64, u32, 1024);                          /* request_queue * -> index */
+BPF_ARRAY(lost, u64, 3);
+
+static inline void count_lost(int index) {
+    u64 *c = lost.lookup(&index);
+    if (c) lock_xadd(c, 1);
+}
+
+static inline u64 read_u64(void *base, u32 offset) {
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (char *)base + offset);
+    return v;
+}
+
+/* Stats index of a request queue, found once per queue: rq->q->disk->{major, first_minor}
+ * looked up in dev_idx (filled by userspace: the probed disks, or every disk there was). */
+static inline u32 new_queue(u64 q) {
+    void *disk = q ? (void *)read_u64((void *)q, REQUEST_QUEUE_DISK) : 0;
+    if (!disk) return 0;
+    u32 major = 0, minor = 0;
+    bpf_probe_read_kernel(&major, sizeof(major), (char *)disk + GENDISK_MAJOR);
+    bpf_probe_read_kernel(&minor, sizeof(minor), (char *)disk + GENDISK_FIRST_MINOR);
+    u32 dev = (major << 20) | minor;
+    u32 *known = dev_idx.lookup(&dev);
+    u32 idx = known ? *known : 0;
+    if (!idx && !FILTER_DEVS) count_lost(2);   /* a disk added after the probe started */
+    queue_idx.update(&q, &idx);
+    return idx;
+}
+
+/* Direct-mapped cache in front of queue_idx (an array lookup is inlined, a hash lookup is a
+ * call): one u64 per entry, the queue pointer without its top byte (0xff in every kernel
+ * address) and the index in that byte, so a racing update can never pair a queue with another
+ * queue's index. */
+BPF_ARRAY(queue_cache, u64, 256);
+#define PTR_BITS 0x00ffffffffffffffULL
+
+static inline u32 queue_index(u64 q) {
+    u32 slot = ((q >> 6) ^ (q >> 14)) & 255;
+    u64 *entry = queue_cache.lookup(&slot);
+    if (!entry) return 0;
+    u64 seen = *entry;
+    if (seen && (seen & PTR_BITS) == (q & PTR_BITS)) return seen >> 56;
+    u32 *known = queue_idx.lookup(&q);
+    u32 idx = known ? *known : new_queue(q);
+    *entry = (q & PTR_BITS) | ((u64)idx << 56);
+    return idx;
+}
+
+static inline u32 log2_slot(u64 ns) {
+    u32 slot = bpf_log2l(ns / 1000);
+    return slot < SLOTS_VALUE ? slot : SLOTS_VALUE - 1;
+}
+
+/* Add one request to a stats record; ATOMIC for records shared between CPUs. */
+#define ACCOUNT(s, op, bytes, start, issue, now, ADD) do {                                   \
+    ADD(&(s)->v[0 * NOPS + op], 1);                                                          \
+    ADD(&(s)->v[1 * NOPS + op], bytes);                                                      \
+    if (!(issue)) { ADD(&(s)->v[5 * NOPS + op], 1); }                                        \
+    else {                                                                                   \
+        ADD(&(s)->v[3 * NOPS + op], (now) - (issue));                                        \
+        ADD(&(s)->v[HIST_BASE + (op * 2 + 1) * SLOTS_VALUE + log2_slot((now) - (issue))], 1);\
+    }                                                                                        \
+    if (!(start) || !(issue)) { if (!(start)) ADD(&(s)->v[4 * NOPS + op], 1); }              \
+    else {                                                                                   \
+        ADD(&(s)->v[2 * NOPS + op], (issue) - (start));                                      \
+        ADD(&(s)->v[HIST_BASE + (op * 2) * SLOTS_VALUE + log2_slot((issue) - (start))], 1);  \
+    }                                                                                        \
+} while (0)
+#define PLAIN_ADD(p, n) (*(p) += (n))
+#define ATOMIC_ADD(p, n) lock_xadd((p), (n))
+
+#if TRACK
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+BPF_ARRAY(track_ids, u64, PID_BITMAP_WORDS_VALUE);   /* bit per tracked tgid or tid */
+BPF_HASH(tracked, u64, struct tracked_t, MAX_TRACKED);
+BPF_HASH(proc_stats, struct pkey_t, struct stats_t, 1024);
+BPF_ARRAY(tracked_inflight, s64, 1);
+BPF_ARRAY(zero_stats, struct stats_t, 1);
+
+static inline int is_tracked(u32 id) {
+    u32 word = id >> 6;
+    u64 *bits = track_ids.lookup(&word);
+    return bits && (*bits >> (id & 63)) & 1;
+}
+
+/* Submission, in the task that wants the I/O: the only place its ids are known. */
+RAW_TRACEPOINT_PROBE(block_io_start) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!is_tracked(id >> 32) && !is_tracked((u32)id)) return 0;
+    u64 key = ctx->args[0];
+    struct tracked_t t = {};
+    t.submit_ns = bpf_ktime_get_ns();
+    t.tgid = id >> 32;
+    t.tid = (u32)id;
+    bpf_get_current_comm(&t.comm, sizeof(t.comm));
+    if (tracked.update(&key, &t) < 0) { count_lost(1); return 0; }
+    int zero = 0;
+    s64 *n = tracked_inflight.lookup(&zero);
+    if (n) lock_xadd(n, 1);
+    return 0;
+}
+
+static inline void forget(u64 key) {
+    if (tracked.delete(&key) == 0) {
+        int zero = 0;
+        s64 *n = tracked_inflight.lookup(&zero);
+        if (n) lock_xadd(n, -1);
+    }
+}
+
+/* A request merged into another is freed without completion. */
+RAW_TRACEPOINT_PROBE(block_rq_merge) {
+    int zero = 0;
+    s64 *n = tracked_inflight.lookup(&zero);
+    if (n && *n > 0) forget(ctx->args[0]);
+    return 0;
+}
+
+static inline void complete_tracked(u64 key, char *head, u32 idx, u32 op, u32 bytes,
+                                    u64 start, u64 issue, u64 now, s32 error) {
+    struct tracked_t *t = tracked.lookup(&key);
+    if (!t) return;
+    struct pkey_t pk = {.tgid = t->tgid, .idx = idx};
+    int zero = 0;
+    struct stats_t *zeros = zero_stats.lookup(&zero);   /* too big for the stack */
+    if (!zeros) return;
+    struct stats_t *ps = proc_stats.lookup_or_try_init(&pk, zeros);
+    if (ps) ACCOUNT(ps, op, bytes, start, issue, now, ATOMIC_ADD);
+    else count_lost(1);
+    struct event_t e = {};
+    /* The row's times as the per-I/O probe's: submission seen at block_io_start; issue from
+     * the kernel's own stamp, which may be a plug-cached time before it (then: no queue). */
+    e.start_ns = t->submit_ns;
+    e.issue_ns = issue > t->submit_ns ? issue : (issue ? t->submit_ns : 0);
+    e.complete_ns = now;
+    e.sector = *(u64 *)(head + REQUEST___SECTOR);
+    e.dev = idx;   /* userspace maps the index back to the disk */
+    e.bytes = bytes; e.tgid = t->tgid; e.tid = t->tid; e.error = error; e.tracked = 1;
+    __builtin_memcpy(e.comm, t->comm, sizeof(e.comm));
+    e.rwbs[0] = op == 0 ? 'R' : op == 1 ? 'W' : op == 2 ? 'F' : op == 3 ? 'D' : 'O';
+    forget(key);
+    if (events.ringbuf_output(&e, sizeof(e), BPF_RB_NO_WAKEUP) < 0) count_lost(0);
+}
+#endif
+
+/* Every completion: the only per-I/O work of this mode. */
+RAW_TRACEPOINT_PROBE(block_rq_complete) {
+    u64 words[HEAD_WORDS];   /* 8-aligned: the verifier wants aligned stack reads */
+    char *head = (char *)words;
+    if (bpf_probe_read_kernel(words, sizeof(words), (void *)ctx->args[0])) return 0;
+    u32 bytes = *(u32 *)(head + REQUEST___DATA_LEN);
+    if ((u32)ctx->args[2] < bytes) return 0;   /* partial completion: more to come */
+    u64 q = *(u64 *)(head + REQUEST_Q);
+    u32 idx = queue_index(q);
+    if (!idx) return 0;
+    struct stats_t *s = dev_stats.lookup(&idx);
+    if (!s) return 0;
+    u32 op = *(u32 *)(head + REQUEST_CMD_FLAGS) & 0xff;   /* REQ_OP_MASK */
+    if (op > 4) op = 4;
+    u64 start = *(u64 *)(head + REQUEST_START_TIME_NS);
+    u64 issue = *(u64 *)(head + REQUEST_IO_START_TIME_NS);
+    u64 now = bpf_ktime_get_ns();
+    ACCOUNT(s, op, bytes, start, issue, now, PLAIN_ADD);
+#if TRACK
+    int zero = 0;
+    s64 *n = tracked_inflight.lookup(&zero);
+    if (n && *n > 0)
+        complete_tracked(ctx->args[0], head, idx, op, bytes, start, issue, now,
+                         -(s32)(u8)ctx->args[1]);
+#endif
+    return 0;
+}
+"""
+
+
+@dataclass(frozen=True)
+class AggregateOptions:
+    """What the aggregate probe keeps (filled by the probe from its ids, devices and BTF)."""
+
+    track: bool = False  # per-I/O rows for the tracked ids (attaches block_io_start, _rq_merge)
+    filter_devices: bool = False
+    ringbuf_pages: int = 256  # 1 MiB: tracked rows only
+    max_tracked: int = 16384
+    offsets: dict[str, int] = field(default_factory=dict)  # probes.btf aggregate offsets
+
+
+def head_len(offsets: dict[str, int]) -> int:
+    """Bytes of struct request read in one go at completion: up to its last field we use."""
+    return (max(offsets[n] for n in REQUEST_FIELDS) + 8 + 7) // 8 * 8
+
+
+def render(opts: AggregateOptions) -> str:
+    """The exact program loaded for `opts`."""
+    missing = sorted(OFFSET_NAMES - set(opts.offsets))
+    if missing:
+        raise ValueError(f"aggregate mode needs struct offsets {missing} "
+                         f"(probes.btf.kernel_offsets(probes.btf.AGGREGATE_NEEDED))")
+    if opts.ringbuf_pages & (opts.ringbuf_pages - 1):
+        raise ValueError(f"ringbuf_pages {opts.ringbuf_pages}: must be a power of two")
+    substitutions = {
+        "TRACK_VALUE": str(int(opts.track)),
+        "FILTER_DEVS_VALUE": str(int(opts.filter_devices)),
+        "EVENT_STRUCT": EVENT_C,
+        "NSTATS_VALUE": str(NSTATS),
+        "MAX_DEVS_VALUE": str(MAX_DEVS),
+        "SLOTS_VALUE": str(SLOTS),
+        "PID_BITMAP_WORDS_VALUE": str(PID_BITMAP_WORDS),
+        "RINGBUF_PAGES": str(opts.ringbuf_pages),
+        "MAX_TRACKED": str(opts.max_tracked),
+        "HEAD_WORDS": str(head_len(opts.offsets) // 8),
+    }
+    defines = "".join(f"#define {n} {opts.offsets[n]}\n" for n in sorted(OFFSET_NAMES))
+    defines += f"#define NOPS {len(OPS)}\n#define HIST_BASE {HIST_BASE}\n"
+    text = defines + BPF_TEXT
+    for placeholder, value in substitutions.items():
+        text = text.replace(placeholder, value)
+    return text
+
+
+def stats_array(raw: bytes, records: int) -> np.ndarray:
+    """Stats records (bytes of `records` struct stats_t) as (records, NSTATS) u64 counters."""
+    return np.frombuffer(raw, dtype="<u8").reshape(records, NSTATS)
