@@ -18,6 +18,7 @@ COMMANDS = (
     "kvscope.commands.dashboard",
     "kvscope.commands.demo",
     "kvscope.commands.export",
+    "kvscope.commands.import_traces",
     "kvscope.commands.model",
     "kvscope.commands.probe",
     "kvscope.commands.record",
