@@ -4,7 +4,8 @@
   python bench/dashboard_render.py --requests 2000      # a smaller synthetic run
   python bench/dashboard_render.py --screenshot docs/img/dashboard.png runs/serial runs/parallel
 
-Timings: app load (analysis of the runs), first render (navigation until every graph has
+Timings: app load (from the runs' analysis outputs, as after `kvscope analyze`; and without
+them, analysing at start), first render (navigation until every graph has
 drawn its data and the waterfall shows the slowest request), and request-selection latency
 (a click on the breakdown plot until the waterfall shows the clicked request), the latter next
 to the same callback called in-process, so the gap is transport + drawing.
@@ -111,22 +112,30 @@ def screenshot(driver, url: str, out: Path, width: int) -> None:
 
 
 def synthetic(requests: int, root: Path) -> list[Path]:
+    """A synthetic run, analysed as `kvscope analyze` (or the demo) leaves it."""
+    from analysis import outputs
     from analysis import synthetic as synth
 
-    return [synth.make_run(root / "synthetic", n_requests=requests, seed=7, concurrency=8)]
+    run = synth.make_run(root / "synthetic", n_requests=requests, seed=7, concurrency=8)
+    outputs.analyze(run, plots=False)
+    return [run]
 
 
 def bench(args: argparse.Namespace, runs: list[Path]) -> None:
     """Print app load, first render and request-selection latencies for `runs`."""
     from selenium import webdriver
 
+    from analysis import outputs
+
+    current = all(outputs.load_current(r) is not None for r in runs)
     start = time.perf_counter()
     loaded = data.load_runs(runs)
     app = build_app(loaded)
     load_s = time.perf_counter() - start
     n = sum(len(rd.attribution) for rd in loaded.values())
     print(f"runs: {', '.join(map(str, runs))} ({n} requests)")
-    print(f"app load (load_run + attribute + summarize + layout): {load_s:.2f} s")
+    print(f"app load ({'from the analysis outputs' if current else 'analysing at start: no current outputs'}"
+          f" + layout): {load_s:.2f} s")
     runner, url = serve(app)
     driver = webdriver.Chrome(options=chromium_options(args.width, 1000))
     try:

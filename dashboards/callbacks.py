@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash import Dash, Input, Output, State, dcc, html
 
 from dashboards import data, figures, ids, timeline
 from dashboards.data import RunData
@@ -56,10 +56,15 @@ def update_request_options(runs: dict[str, RunData], labels: list[str] | None,
     return options, options[0]["value"] if options else None
 
 
-def clicked_request(clicked: dict | None) -> str:
-    """The request key a click on the breakdown carries (its bars' customdata)."""
-    points = (clicked or {}).get("points", [])
-    return next((p["customdata"][0] for p in points if p.get("customdata")), no_update)
+# A click on the breakdown selects the request its bar carries (customdata[0], the key), in the
+# browser: no round trip before the waterfall's own callback.
+CLICKED_REQUEST_JS = """
+function(clicked) {
+    const points = (clicked && clicked.points) || [];
+    const hit = points.find(p => p.customdata);
+    return hit ? hit.customdata[0] : window.dash_clientside.no_update;
+}
+"""
 
 
 def jaeger_link(jaeger_url: str | None, trace_id: str) -> html.A | html.Span:
@@ -83,15 +88,16 @@ def _details(view: data.RequestView) -> html.Ul:
 
 
 def update_request(runs: dict[str, RunData], key: str | None,
-                   jaeger_url: str | None) -> tuple[go.Figure, Any, Any]:
-    """The waterfall, Jaeger link and breakdown text of the selected request."""
+                   jaeger_url: str | None) -> tuple[go.Figure | dict, Any, Any]:
+    """The waterfall (as figure JSON: no plotly objects on the click path), Jaeger link and
+    breakdown text of the selected request."""
     if not key:
         return figures.empty("no request selected"), "", ""
     view = data.request_of(runs, key)
     title = (f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
              f"TTFT {view.row['ttft_ns'] / 1e6:.1f} ms")
-    fig = timeline.build_waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
-                                   first_token_ns=view.first_token_ns, title=title)
+    fig = timeline.waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
+                             first_token_ns=view.first_token_ns, title=title)
     return fig, jaeger_link(jaeger_url, view.trace_id), _details(view)
 
 
@@ -147,11 +153,9 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
     def _options(labels, phase, search, current):
         return update_request_options(runs, labels, phase, search, current)
 
-    # A click sends only the key: the (possibly 10k) options are not resent.
-    @app.callback(Output(ids.REQUEST, "value", allow_duplicate=True),
-                  Input(ids.BREAKDOWN_GRAPH, "clickData"), prevent_initial_call=True)
-    def _clicked(clicked):
-        return clicked_request(clicked)
+    # A click sets only the key, in the browser: the (possibly 10k) options are not resent.
+    app.clientside_callback(CLICKED_REQUEST_JS, Output(ids.REQUEST, "value", allow_duplicate=True),
+                            Input(ids.BREAKDOWN_GRAPH, "clickData"), prevent_initial_call=True)
 
     @app.callback(Output(ids.WATERFALL_GRAPH, "figure"), Output(ids.JAEGER_LINK, "children"),
                   Output(ids.REQUEST_DETAILS, "children"), Input(ids.REQUEST, "value"))

@@ -7,11 +7,13 @@ concatenate what analysis produced (a `run` column, a request `key`): no attribu
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 import analysis
@@ -39,6 +41,33 @@ class RunData:
             return Path(named).name
         reads = self.run.block_io[self.run.block_io["op"] == "R"]
         return "" if reads.empty else str(reads.groupby("device")["bytes"].sum().idxmax())
+
+    # Indexes built on first use, so a click looks its request up instead of scanning tables.
+    @functools.cached_property
+    def rows_by_key(self) -> dict[str, int]:
+        return {k: i for i, k in enumerate(self.attribution["key"])}
+
+    @functools.cached_property
+    def requests_by_key(self) -> dict[tuple[str, str], int]:
+        req = self.run.requests
+        return {(p, r): i for i, (p, r) in enumerate(zip(req["phase"], req["request_id"]))}
+
+    @functools.cached_property
+    def spans_by_request(self) -> dict[str, np.ndarray]:
+        return self.run.spans.groupby("request_id", sort=False).indices
+
+    @functools.cached_property
+    def kv_depth(self) -> pd.DataFrame:
+        """Whole-device depth of the KV disk, in time order."""
+        q = self.run.queue_depth
+        return q[(q["device"] == self.kv_device) & (q["hw_queue"] < 0)].sort_values(
+            "ts_ns", kind="stable").reset_index(drop=True)
+
+    @functools.cached_property
+    def kv_io(self) -> pd.DataFrame:
+        """Block I/Os of the KV disk, by start time."""
+        io = self.run.block_io
+        return io[io["device"] == self.kv_device].sort_values("start_ns", kind="stable")
 
 
 def request_key(label: str, phase: str, request_id: str) -> str:
@@ -229,16 +258,16 @@ def request_of(runs: dict[str, RunData], key: str) -> RequestView:
     """The spans, overlapping block I/Os and device depth of the request named by `key`."""
     label, phase, request_id = parse_key(key)
     rd = runs[label]
-    att, req = rd.attribution, rd.run.requests
-    row = att[(att["phase"] == phase) & (att["request_id"] == request_id)].iloc[0].to_dict()
-    request = req[(req["phase"] == phase) & (req["request_id"] == request_id)].iloc[0]
-    spans = rd.run.spans[rd.run.spans["request_id"] == request_id]
+    row = rd.attribution.iloc[rd.rows_by_key[key]].to_dict()
+    request = rd.run.requests.iloc[rd.requests_by_key[(phase, request_id)]]
+    spans = rd.run.spans.iloc[rd.spans_by_request.get(request_id, np.array([], dtype=int))]
     if request["trace_id"]:
         spans = spans[spans["trace_id"] == request["trace_id"]]
     arrival, first = int(request["arrival_ns"]), int(request["first_token_ns"])
     end = max(first, int(request["arrival_ns"]), int(spans["end_ns"].max()) if len(spans) else 0)
-    io, q = rd.run.block_io, rd.run.queue_depth
-    io = io[(io["device"] == rd.kv_device) & (io["start_ns"] < end) & (io["complete_ns"] > arrival)]
-    depth = q[(q["device"] == rd.kv_device) & (q["hw_queue"] < 0)]
+    io = rd.kv_io
+    io = io.iloc[:np.searchsorted(io["start_ns"].to_numpy(), end, "left")]
+    io = io[io["complete_ns"] > arrival]
+    depth = rd.kv_depth
     notes = list(rd.run.request_notes.get(request_id, []))
     return RequestView(label, row, spans, io, depth, arrival, first, str(request["trace_id"]), notes)

@@ -9,6 +9,7 @@ figure, because Plotly renders a subset of HTML in labels and hover text.
 
 from __future__ import annotations
 
+import functools
 import html
 
 import pandas as pd
@@ -49,16 +50,25 @@ def _require(frame: pd.DataFrame, columns: list[str] | tuple[str, ...], what: st
         raise ValueError(f"{what} needs columns {missing}; got {list(frame.columns)}")
 
 
+LEGEND = {"orientation": "h", "y": 1.07, "yanchor": "bottom", "x": 1, "xanchor": "right",
+          "title": None}
+MARGIN = {"l": 60, "r": 20, "t": 90, "b": 50}
+
+
+@functools.cache
+def style_json() -> dict:
+    """The look of `_style` as plain layout JSON, for figures built without plotly objects."""
+    import plotly.io as pio
+
+    return {"template": pio.templates[PLOT_TEMPLATE].to_plotly_json(), "legend": LEGEND,
+            "margin": MARGIN}
+
+
 def _style(fig: go.Figure, title: str) -> go.Figure:
     """One look for every figure: white template, title, legend on top, facet titles bare."""
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
-    fig.update_layout(
-        template=PLOT_TEMPLATE,
-        title={"text": title, "x": 0.01, "xanchor": "left"},
-        legend={"orientation": "h", "y": 1.07, "yanchor": "bottom", "x": 1, "xanchor": "right",
-                "title": None},
-        margin={"l": 60, "r": 20, "t": 90, "b": 50},
-    )
+    fig.update_layout(template=PLOT_TEMPLATE, title={"text": title, "x": 0.01, "xanchor": "left"},
+                      legend=LEGEND, margin=MARGIN)
     return fig
 
 

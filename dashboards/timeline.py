@@ -14,7 +14,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboards.figures import COLORS, LABELS, _require, _style, empty, text
+from dashboards.figures import COLORS, LABELS, _require, _style, empty, style_json, text
 
 # Span name (without the `kvscope.` prefix) -> TTFT component colour.
 SPAN_COLORS = {
@@ -45,78 +45,100 @@ def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return lanes
 
 
-def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[go.Bar], list[str]]:
+def _bar(name: str, y: list[str], base: np.ndarray, x: np.ndarray, color: str, group: str,
+         hovertemplate: str, hovertext: list[str] | None = None) -> dict:
+    """A horizontal bar trace as plain JSON (no plotly validation: a click redraws at once)."""
+    trace = {"type": "bar", "orientation": "h", "name": name, "y": list(y),
+             "base": np.asarray(base, dtype=float).tolist(), "x": np.asarray(x, dtype=float).tolist(),
+             "marker": {"color": color}, "legendgroup": group, "hovertemplate": hovertemplate,
+             "xaxis": "x", "yaxis": "y"}
+    if hovertext is not None:
+        trace["hovertext"] = hovertext
+    return trace
+
+
+def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[str]]:
     ordered = spans.sort_values(["start_ns", "end_ns"], kind="stable")
     short = ordered["name"].astype(str).str.removeprefix("kvscope.")
     nth = short.groupby(short).cumcount()
-    lanes = [text(s if n == 0 else f"{s} #{n + 1}") for s, n in zip(short, nth)]
-    start_ms = (ordered["start_ns"] - arrival_ns) / 1e6
-    dur_ms = (ordered["end_ns"] - ordered["start_ns"]) / 1e6
+    lanes = np.array([text(s if n == 0 else f"{s} #{n + 1}") for s, n in zip(short, nth)])
+    start_ms = ((ordered["start_ns"] - arrival_ns) / 1e6).to_numpy()
+    dur_ms = ((ordered["end_ns"] - ordered["start_ns"]) / 1e6).to_numpy()
     bars = []
     for name in dict.fromkeys(short):
         mask = (short == name).to_numpy()
-        bars.append(go.Bar(
-            orientation="h", y=np.array(lanes)[mask], base=start_ms[mask], x=dur_ms[mask],
-            name=text(name), marker_color=SPAN_COLORS.get(name, "#7f7f7f"), legendgroup="spans",
-            hovertemplate="%{y}<br>start %{base:.2f} ms<br>duration %{x:.2f} ms<extra></extra>"))
-    return bars, lanes
+        bars.append(_bar(text(name), lanes[mask], start_ms[mask], dur_ms[mask],
+                         SPAN_COLORS.get(name, "#7f7f7f"), "spans",
+                         "%{y}<br>start %{base:.2f} ms<br>duration %{x:.2f} ms<extra></extra>"))
+    return bars, list(lanes)
 
 
-def _io_bars(io: pd.DataFrame, arrival_ns: int) -> tuple[list[go.Bar], list[str]]:
+def _io_bars(io: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[str]]:
     if io.empty:
         return [], []
     lane = _lanes(io["start_ns"].to_numpy(), io["complete_ns"].to_numpy())
-    names = np.array([f"I/O lane {k + 1}" for k in lane])
+    names = [f"I/O lane {k + 1}" for k in lane]
     hover = [text(f"{op} {b // 1024} KiB tid {t}") for op, b, t in zip(io["op"], io["bytes"], io["tid"])]
-    bars = []
-    for name, start, end in (("I/O queued", "start_ns", "issue_ns"),
-                             ("I/O on device", "issue_ns", "complete_ns")):
-        bars.append(go.Bar(
-            orientation="h", y=names, base=(io[start] - arrival_ns) / 1e6,
-            x=(io[end] - io[start]) / 1e6, name=name, marker_color=IO_COLORS[name],
-            hovertext=hover, legendgroup="io",
-            hovertemplate=f"{name}<br>%{{hovertext}}<br>start %{{base:.2f}} ms"
-                          "<br>%{x:.3f} ms<extra></extra>"))
+    bars = [_bar(name, names, (io[start] - arrival_ns).to_numpy() / 1e6,
+                 (io[end] - io[start]).to_numpy() / 1e6, IO_COLORS[name], "io",
+                 f"{name}<br>%{{hovertext}}<br>start %{{base:.2f}} ms<br>%{{x:.3f}} ms<extra></extra>",
+                 hover)
+            for name, start, end in (("I/O queued", "start_ns", "issue_ns"),
+                                     ("I/O on device", "issue_ns", "complete_ns"))]
     return bars, list(dict.fromkeys(sorted(names, key=lambda s: int(s.rsplit(" ", 1)[1]))))
 
 
 def _depth_in_window(depth: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
     """Depth changes inside the window, plus the level carried in at its start."""
-    depth = depth.sort_values("ts_ns", kind="stable")
-    before = depth[depth["ts_ns"] < start_ns].tail(1).assign(ts_ns=start_ns)
-    inside = depth[(depth["ts_ns"] >= start_ns) & (depth["ts_ns"] <= end_ns)]
-    return pd.concat([before, inside], ignore_index=True)
+    depth = depth if depth["ts_ns"].is_monotonic_increasing else depth.sort_values("ts_ns", kind="stable")
+    ts = depth["ts_ns"].to_numpy()
+    lo, hi = np.searchsorted(ts, start_ns, "left"), np.searchsorted(ts, end_ns, "right")
+    before = depth.iloc[max(lo - 1, 0):lo].assign(ts_ns=start_ns)
+    return pd.concat([before, depth.iloc[lo:hi]], ignore_index=True)
 
 
-def build_waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
-                    arrival_ns: int, first_token_ns: int, title: str) -> go.Figure:
-    """One request on one axis (ms since arrival): spans, block I/Os, device in-flight depth."""
+def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
+              arrival_ns: int, first_token_ns: int, title: str) -> dict:
+    """One request on one axis (ms since arrival): spans, block I/Os, device in-flight depth,
+    as the figure's JSON (what the click callback sends; `build_waterfall` wraps it)."""
     _require(spans, ["name", "start_ns", "end_ns"], "the waterfall's spans")
     _require(io, ["start_ns", "issue_ns", "complete_ns", "bytes", "op", "tid"], "the waterfall's I/Os")
     _require(depth, ["ts_ns", "inflight"], "the waterfall's depth lane")
     if spans.empty and io.empty:
-        return empty(f"{title}: no spans and no block I/Os recorded for this request")
+        return empty(f"{title}: no spans and no block I/Os recorded for this request").to_plotly_json()
     span_bars, span_lanes = _span_bars(spans, arrival_ns)
     io_bars, io_lanes = _io_bars(io, arrival_ns)
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.78, 0.22],
-                        vertical_spacing=0.05)
-    for bar in span_bars + io_bars:
-        fig.add_trace(bar, row=1, col=1)
     end_ns = max([first_token_ns, *spans["end_ns"], *io["complete_ns"]])
     lane = _depth_in_window(depth, arrival_ns, end_ns)
-    fig.add_trace(go.Scatter(
-        x=(lane["ts_ns"] - arrival_ns) / 1e6, y=lane["inflight"], mode="lines", line_shape="hv",
-        fill="tozeroy", name="device in-flight", line_color="#555555",
-        hovertemplate="%{y} in flight at %{x:.2f} ms<extra></extra>"), row=2, col=1)
+    depth_trace = {"type": "scatter", "x": ((lane["ts_ns"] - arrival_ns) / 1e6).tolist(),
+                   "y": lane["inflight"].tolist(), "mode": "lines", "line": {"shape": "hv",
+                   "color": "#555555"}, "fill": "tozeroy", "name": "device in-flight",
+                   "hovertemplate": "%{y} in flight at %{x:.2f} ms<extra></extra>",
+                   "xaxis": "x2", "yaxis": "y2"}
+    layout = {
+        **style_json(), "title": {"text": title, "x": 0.01, "xanchor": "left"}, "barmode": "overlay",
+        "height": max(380, 26 * len(span_lanes + io_lanes) + 200),
+        "xaxis": {"anchor": "y", "matches": "x2", "showticklabels": False, "domain": [0, 1]},
+        "xaxis2": {"anchor": "y2", "title": {"text": "ms since arrival"}, "domain": [0, 1]},
+        "yaxis": {"anchor": "x", "domain": [0.2655, 1.0], "categoryorder": "array",
+                  "categoryarray": list(reversed(span_lanes + io_lanes))},
+        "yaxis2": {"anchor": "x2", "domain": [0.0, 0.2145], "title": {"text": "in flight"},
+                   "rangemode": "tozero"},
+    }
     if first_token_ns > 0:
-        fig.add_vline(x=(first_token_ns - arrival_ns) / 1e6, line_dash="dot",
-                      annotation_text="first token", annotation_position="top")
-    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(span_lanes + io_lanes)),
-                     row=1, col=1)
-    fig.update_yaxes(title_text="in flight", rangemode="tozero", row=2, col=1)
-    fig.update_xaxes(title_text="ms since arrival", row=2, col=1)
-    fig.update_layout(barmode="overlay", height=max(380, 26 * len(span_lanes + io_lanes) + 200))
-    return _style(fig, title)
+        x = (first_token_ns - arrival_ns) / 1e6
+        layout["shapes"] = [{"type": "line", "x0": x, "x1": x, "xref": "x", "y0": 0, "y1": 1,
+                             "yref": "paper", "line": {"dash": "dot"}}]
+        layout["annotations"] = [{"text": "first token", "x": x, "xref": "x", "y": 1,
+                                  "yref": "paper", "showarrow": False, "yanchor": "bottom"}]
+    return {"data": span_bars + io_bars + [depth_trace], "layout": layout}
+
+
+def build_waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
+                    arrival_ns: int, first_token_ns: int, title: str) -> go.Figure:
+    """`waterfall` as a go.Figure."""
+    return go.Figure(waterfall(spans, io, depth, arrival_ns=arrival_ns,
+                               first_token_ns=first_token_ns, title=title))
 
 
 def _bin_index(ts_ns: pd.Series, t0_ns: int, width_ns: float) -> pd.Series:
