@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -154,3 +155,43 @@ def test_the_estimate_counts_one_warm_phase_per_chunk_format_and_bf16_support(tm
     assert native["warm phases"] == pytest.approx(shared["warm phases"] / study.BF16_NATIVE_SPEEDUP)
     words = study.estimate_words(study.StudyOptions(out=tmp_path), 50.0, False)
     assert words.startswith("estimate: ") and "2 warm phases" in words and "not native" in words
+
+
+@pytest.mark.live
+@pytest.mark.root
+def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(tmp_path,
+                                                                               free_port):
+    """kvscope-serial warms; kvscope, a new server on the same chunk files, runs cold only. Both
+    cold phases read every full chunk back from the disk (page cache dropped first)."""
+    requests, prompt_tokens, chunks_per_prompt = 4, 600, 2  # two full 256-token chunks each
+    opts = study.StudyOptions(out=tmp_path / "study", model="tiny",
+                              profiles=[study.BASELINE, study.CANDIDATE], requests=requests,
+                              concurrency=[2], prompt_tokens=prompt_tokens, port=free_port,
+                              kv_dir_base=tmp_path / "kv")
+    runs = study.run_study(opts)
+    serial, parallel = (rundir.read_manifest(runs[p]) for p in (study.BASELINE, study.CANDIDATE))
+    assert [p["name"] for p in serial["phases"]] == ["warm", "cold"]
+    assert [p["name"] for p in parallel["phases"]] == ["cold"]  # no warm phase of its own
+    assert parallel["study"]["warm_phase_from"] == study.BASELINE
+    assert serial["study"]["warm_phase_from"] is None
+    chunk_bytes = serial["model"]["kv_bytes_per_chunk"]
+    for profile, run in runs.items():
+        manifest = rundir.read_manifest(run)
+        cold = next(p for p in manifest["phases"] if p["name"] == "cold")
+        assert cold["page_cache_dropped"] and cold["num_errors"] == 0
+        assert cold["chunks_on_disk"] == requests * chunks_per_prompt
+        assert cold["disk_read_bytes"] >= requests * chunks_per_prompt * chunk_bytes, profile
+        table = rundir.read_table(run, "requests")
+        assert (table.loc[table["phase"] == "cold", "cached_tokens"] == 512).all(), profile
+        io = rundir.read_table(run, "block_io")
+        cold_reads = io[(io["phase"] == "cold") & (io["op"] == "R")]
+        assert cold_reads["bytes"].sum() >= requests * chunks_per_prompt * chunk_bytes, profile
+    ceilings = json.loads((opts.out / "study.json").read_text())["device_ceilings"]
+    assert len(ceilings) == 1
+    [best] = ceilings.values()
+    assert serial["study"]["device_ceiling"] == parallel["study"]["device_ceiling"] == best
+    assert {s["when"] for s in best["samples"]} == {"before the first cold phase",
+                                                    "after the last cold phase"}
+    assert not (tmp_path / "kv").exists() or not any((tmp_path / "kv").iterdir())
+    table = study.headline(runs)
+    assert (table["req_per_s"] > 0).all() and (table["storage_tok_per_s"] > 0).all()
