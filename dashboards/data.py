@@ -150,20 +150,24 @@ def attribution_of(runs: dict[str, RunData], labels: list[str] | None,
     return frame[in_phase(frame["phase"], phase)]
 
 
+def _summary_rows(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
+                  key: str) -> list[tuple[RunData, dict]]:
+    """(run, row) for the rows of each selected run's summary[key] in the phase choice."""
+    return [(rd, row) for rd in _pick(runs, labels) for row in rd.summary.get(key, [])
+            if in_phase(pd.Series([row["phase"]]), phase).iloc[0]]
+
+
 def percentiles_of(runs: dict[str, RunData], labels: list[str] | None,
                    phase: str | None = None) -> pd.DataFrame:
     """summarize()'s per-(phase, concurrency) percentiles, long form, one series per group."""
     rows = []
-    for rd in _pick(runs, labels):
-        for group in rd.summary.get("groups", []):
-            if not in_phase(pd.Series([group["phase"]]), phase).iloc[0]:
-                continue
-            series = f"{rd.label} · {group['phase']} c={group['concurrency']}"
-            for component, stats in group["percentiles_ns"].items():
-                rows += [{"run": rd.label, "series": series, "phase": group["phase"],
-                          "concurrency": group["concurrency"], "component": component,
-                          "percentile": name, "value_ns": value}
-                         for name, value in stats.items() if name != "mean"]
+    for rd, group in _summary_rows(runs, labels, phase, "groups"):
+        series = f"{rd.label} · {group['phase']} c={group['concurrency']}"
+        for component, stats in group["percentiles_ns"].items():
+            rows += [{"run": rd.label, "series": series, "phase": group["phase"],
+                      "concurrency": group["concurrency"], "component": component,
+                      "percentile": name, "value_ns": value}
+                     for name, value in stats.items() if name != "mean"]
     return pd.DataFrame(rows, columns=["run", "series", "phase", "concurrency", "component",
                                        "percentile", "value_ns"])
 
@@ -172,13 +176,10 @@ def throughput_of(runs: dict[str, RunData], labels: list[str] | None,
                   phase: str | None = None) -> pd.DataFrame:
     """summarize()'s throughput per (phase, concurrency), long form: run, level, metric, value."""
     rows = []
-    for rd in _pick(runs, labels):
-        for r in rd.summary.get("throughput", []):
-            if not in_phase(pd.Series([r["phase"]]), phase).iloc[0]:
-                continue
-            rows += [{"run": rd.label, "level": f"{r['phase']} c={r['concurrency']}",
-                      "metric": name, "value": r.get(key)}
-                     for key, name in THROUGHPUT_METRICS.items() if r.get(key) is not None]
+    for rd, r in _summary_rows(runs, labels, phase, "throughput"):
+        rows += [{"run": rd.label, "level": f"{r['phase']} c={r['concurrency']}",
+                  "metric": name, "value": r.get(key)}
+                 for key, name in THROUGHPUT_METRICS.items() if r.get(key) is not None]
     return pd.DataFrame(rows, columns=["run", "level", "metric", "value"])
 
 
