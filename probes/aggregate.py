@@ -20,15 +20,13 @@ import numpy as np
 import pandas as pd
 
 from probes import aggregate_frames, frames
-from probes.aggregate_bpf import (LOST_KEYS, MAX_DEVS, NSTATS, PID_BITMAP_WORDS,
-                                  AggregateOptions, render)
-from probes.block import program_ids, recursion_misses, resolve_device
+from probes import tp_btf
+from probes.aggregate_bpf import (LOST_KEYS, MAX_DEVS, NSTATS, PID_BITMAP_WORDS, PROGRAMS,
+                                  TRACKING_PROGRAMS, AggregateOptions, render)
+from probes.block import bpftool_misses, resolve_device
 from probes.block_bpf import EVENT_DTYPE
-from probes.btf import AGGREGATE_NEEDED, kernel_offsets
+from probes.btf import AGGREGATE_NEEDED, kernel_offsets, kernel_tracepoint_ids
 from probes.collect import RingCollector
-
-ATTACHED = ("block_rq_complete",)
-ATTACHED_TRACKING = ("block_io_start", "block_rq_merge", "block_rq_complete")
 
 
 @dataclass
@@ -59,24 +57,27 @@ class AggregateProbe:
         # stats index (1..) -> dev_t and name
         self.devs = {i: (resolve_device(n), _whole_disk_name(n)) for i, n in enumerate(names, 1)}
         self.opts = AggregateOptions(track=bool(self.track), filter_devices=self.filter_devices,
+                                     track_threads=any(not _is_process(i) for i in self.track),
                                      offsets=offsets or kernel_offsets(AGGREGATE_NEEDED))
         self._bpf: Any = None
         self._collector: RingCollector | None = None
         self._records: np.ndarray | None = None
         self._counters: aggregate_frames.Counters = {}
         self._lost: dict[str, int] = {}
+        self._programs = TRACKING_PROGRAMS if self.track else PROGRAMS
+        self._attached: list[tp_btf.Attached] = []
         self.started_ns = self.stopped_ns = 0
 
     @property
     def tracepoints(self) -> list[str]:
-        names = ATTACHED_TRACKING if self.track else ATTACHED
-        return [f"raw_tp:block:{n}" for n in names]
+        return [f"tp_btf:block:{n}" for n in self._programs]
 
     def start(self) -> "AggregateProbe":
         if self._bpf is not None:
             return self
         from bcc import BPF
 
+        type_ids = kernel_tracepoint_ids(tuple(self._programs))
         bpf = BPF(text=render(self.opts).encode())
         try:
             for idx, (dev, _) in self.devs.items():
@@ -89,8 +90,10 @@ class AggregateProbe:
                 for word, value in words.items():
                     bits[ctypes.c_int(word)] = ctypes.c_uint64(value)
                 self._collector = RingCollector(bpf, {"events": EVENT_DTYPE})
+            for tracepoint, func in self._programs.items():
+                self._attached.append(tp_btf.attach(bpf, func, type_ids[tracepoint], tracepoint))
         except BaseException:
-            bpf.cleanup()
+            self._close(bpf)
             raise
         self._bpf = bpf
         self.started_ns = time.monotonic_ns()
@@ -102,12 +105,20 @@ class AggregateProbe:
             return
         bpf, self._bpf = self._bpf, None
         try:
-            for tp in list(bpf.raw_tracepoint_fds):
-                bpf.detach_raw_tracepoint(tp)
+            for program in self._attached:
+                program.detach()  # kept loaded for the recursion counts
             self.stopped_ns = time.monotonic_ns()
             self._drain(bpf)
         finally:
-            bpf.cleanup()
+            self._close(bpf)
+
+    def _close(self, bpf: Any) -> None:
+        if self._collector is not None:
+            self._collector.stop()
+        for program in self._attached:
+            program.close()
+        self._attached = []
+        bpf.cleanup()
 
     def _drain(self, bpf: Any) -> None:
         empty = np.zeros(0, dtype=EVENT_DTYPE)
@@ -124,11 +135,13 @@ class AggregateProbe:
         lost = bpf[b"lost"]
         self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
         self._lost["bad_record_size"] = self._collector.bad_sizes["events"] if self._collector else 0
-        self._lost.update(recursion_misses(bpf))
+        misses = bpftool_misses()
+        self._lost["recursion_misses"] = -1 if misses is None else \
+            sum(misses.get(i, 0) for i in self.program_ids())
 
     def program_ids(self) -> list[int]:
         """Kernel ids of the loaded programs (`bpftool prog show id N`)."""
-        return program_ids(self._bpf)
+        return sorted(p.prog_id() for p in self._attached)
 
     def __enter__(self) -> "AggregateProbe":
         return self.start()
@@ -151,6 +164,17 @@ class AggregateProbe:
             totals=aggregate_frames.totals_frame(self._counters, phase, window),
             lost_events=dict(self._lost),
         )
+
+
+def _is_process(task_id: int) -> bool:
+    """Whether a thread / process id names a process (its own thread group leader); an id
+    that is gone counts as a process (nothing of it can be submitted any more)."""
+    try:
+        status = Path(f"/proc/{task_id}/status").read_text()
+    except OSError:
+        return True
+    return next(line.split()[1] for line in status.splitlines()
+                if line.startswith("Tgid:")) == str(task_id)
 
 
 def _every_disk(sys_root: Path = Path("/sys")) -> list[str]:

@@ -190,16 +190,24 @@ def recursion_misses(bpf: Any) -> dict[str, int]:
     `complete_nested`: the other twin took those unless both were busy (doubly nested)."""
     ids = _ids_by_name(bpf)
     twins = {i for name, i in ids.items() if b"block_rq_complete" in name}
-    try:
-        out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True,
-                             text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
+    misses = bpftool_misses()
+    if misses is None:
         return {"recursion_misses": -1}
-    misses = {p["id"]: p.get("recursion_misses", 0) for p in json.loads(out)}
     return {
         "recursion_misses": sum(misses.get(i, 0) for i in ids.values() if i not in twins),
         "complete_nested": sum(misses.get(i, 0) for i in twins),
     }
+
+
+def bpftool_misses() -> dict[int, int] | None:
+    """recursion_misses of every loaded program by id (`bpftool prog show`); None without
+    bpftool."""
+    try:
+        out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True,
+                             text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {p["id"]: p.get("recursion_misses", 0) for p in json.loads(out)}
 
 
 def _pending_batches(table: Any) -> np.ndarray:

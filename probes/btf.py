@@ -71,3 +71,21 @@ def kernel_offsets(needed: dict[str, tuple[str, ...]] = NEEDED) -> dict[str, int
     """Offsets for `needed` (NEEDED or AGGREGATE_NEEDED) on the running kernel; BtfError if
     BTF, bpftool or a field is missing."""
     return struct_offsets(_vmlinux_dump(), needed)
+
+
+def tracepoint_type_ids(dump: str, tracepoints: tuple[str, ...]) -> dict[str, int]:
+    """BTF type id of each tracepoint's `btf_trace_<name>` typedef in `bpftool btf dump ...
+    raw` text: what a tp_btf program is bound to (probes/tp_btf.py)."""
+    found = {}
+    for name in tracepoints:
+        at = dump.find(f"] TYPEDEF 'btf_trace_{name}' ")
+        if at < 0:
+            raise BtfError(f"kernel BTF has no btf_trace_{name} (tracepoint block:{name} is "
+                           f"missing or not BTF-typed)")
+        found[name] = int(dump[dump.rfind("[", 0, at) + 1:at])
+    return found
+
+
+def kernel_tracepoint_ids(tracepoints: tuple[str, ...]) -> dict[str, int]:
+    """tracepoint_type_ids on the running kernel."""
+    return tracepoint_type_ids(_vmlinux_dump(), tracepoints)

@@ -134,7 +134,7 @@ def test_only_the_completion_program_runs_without_tracked_ids(loop_device: Path)
     probe = AggregateProbe(devices=[loop_device.name]).start()
     try:
         assert len(probe.program_ids()) == 1
-        assert probe.tracepoints == ["raw_tp:block:block_rq_complete"]
+        assert probe.tracepoints == ["tp_btf:block:block_rq_complete"]
     finally:
         probe.stop()
     with AggregateProbe(track=[1], devices=[loop_device.name]) as tracking:
@@ -161,7 +161,7 @@ def test_session_aggregate_mode_writes_its_tables(run_dir: Path, workload,
     assert set(depth["source"]) == {"sysfs"} and set(depth["device"]) == {device}
     probes = rundir.read_manifest(run_dir)["probes"]
     assert probes["mode"] == "bpf" and probes["probe_mode"] == "aggregate"
-    assert probes["phases"]["warm"]["tracepoints"] == ["raw_tp:block:block_rq_complete"]
+    assert probes["phases"]["warm"]["tracepoints"] == ["tp_btf:block:block_rq_complete"]
     assert probes["phases"]["cold"]["rows"]["block_io"] == COUNT
     assert [p for p in rundir.validate(run_dir) if ".parquet" in p] == \
         ["requests.parquet is missing"]
@@ -186,3 +186,40 @@ def test_cli_aggregate_mode(tmp_path: Path, workload, loop_device: Path) -> None
     totals = rundir.read_table(out, "io_totals")
     assert totals[(totals["pid"] == w.pid)]["ios"].sum() == 31
     assert json.dumps(rundir.read_manifest(out))
+
+
+READER = r"""
+import mmap, os, sys, threading
+path, main_reads, thread_reads, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 65536
+def read(n, first):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, size)
+    for i in range(n):
+        os.preadv(fd, [buf], (first + 2 * i) * size)  # a gap after each: no merging
+    os.close(fd)
+go = threading.Event()
+worker = threading.Thread(target=lambda: (go.wait(), read(thread_reads, 0)))
+worker.start()
+print(worker.native_id, flush=True)
+sys.stdin.readline()
+go.set()
+read(main_reads, 1)
+worker.join()
+"""
+
+
+def test_a_tracked_thread_gets_rows_its_process_siblings_do_not(loop_device: Path) -> None:
+    """A reader thread's id selects that thread's reads only (the server's reader threads)."""
+    proc = subprocess.Popen([sys.executable, "-c", READER, str(loop_device), "17", "23"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tid = int(proc.stdout.readline())
+    assert tid != proc.pid
+    with AggregateProbe(track=[tid], devices=[loop_device.name]) as probe:
+        assert probe.opts.track_threads
+        proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0
+    result = probe.result("t")
+    assert _totals(result, loop_device.name).loc["R", "ios"] == 17 + 23
+    assert len(result.block_io) == 23 and set(result.block_io["tid"]) == {tid}
+    assert set(result.block_io["pid"]) == {proc.pid}
+    assert _totals(result, loop_device.name, proc.pid).loc["R", "ios"] == 23  # under its tgid

@@ -134,3 +134,11 @@ def test_aggregate_frames_from_counters() -> None:
     assert aggregate_frames.slot_bounds_us(1) == (0, 2)
     with pytest.raises(ValueError, match="shape"):
         aggregate_frames.sum_by_key([(("vda", -1), v[:3])])
+
+
+def test_tracepoint_type_ids_from_a_btf_dump() -> None:
+    dump = ("[12] TYPEDEF 'btf_trace_block_rq_completed' type_id=3\n"
+            "[28870] TYPEDEF 'btf_trace_block_rq_complete' type_id=12959\n")
+    assert btf.tracepoint_type_ids(dump, ("block_rq_complete",)) == {"block_rq_complete": 28870}
+    with pytest.raises(btf.BtfError, match="btf_trace_block_io_start"):
+        btf.tracepoint_type_ids(dump, ("block_io_start",))
