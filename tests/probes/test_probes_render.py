@@ -104,8 +104,9 @@ AGG_OFFSETS = {**{name: 8 * i for i, name in enumerate(sorted(aggregate_bpf.OFFS
 def test_aggregate_render_attaches_submission_only_when_tracking(track: bool) -> None:
     text = aggregate_bpf.render(aggregate_bpf.AggregateOptions(track=track, offsets=AGG_OFFSETS))
     assert f"#define TRACK {int(track)}" in text
-    assert "RAW_TRACEPOINT_PROBE(block_rq_complete)" in text
-    assert "u64 words[15];" in text  # struct request read up to io_start_time_ns in one go
+    assert "int agg_block_rq_complete(u64 *ctx)" in text
+    assert "#define REQUEST_IO_START_TIME_NS 112" in text
+    assert "bpf_probe_read" not in text  # tp_btf: fields are plain loads
     assert "_VALUE" not in text and "EVENT_STRUCT" not in text and "struct event_t {" in text
 
 
