@@ -20,7 +20,7 @@ import time
 from opentelemetry import trace
 
 from kvscope.clock import measure_offset
-from tracer import config, failsafe, pipeline
+from tracer import config, failsafe, metrics, pipeline
 from tracer.version import __version__
 
 ENV_OFFSET = config.ENV_OFFSET
@@ -53,6 +53,8 @@ def get(service_name: str = "kvscope-vllm", prefix: str = "vllm") -> "Runtime | 
 def _build(service_name: str, prefix: str) -> "Runtime | None":
     try:
         pipe = pipeline.build(service_name, prefix, report_disk_backends=True)
+        pipe.provider.add_span_processor(  # stage histograms for vLLM's /metrics
+            metrics.StageMetrics(metrics.metrics_dir(), pipeline.disk_backend_stats))
         runtime = Runtime(pipe, clock_offset_ns())
     except Exception as e:
         failsafe.count(BUILD, e, fix=BUILD_FIX)

@@ -43,7 +43,7 @@ def register() -> None:
 
 
 def _start() -> None:
-    from tracer import config
+    from tracer import config, metrics
     from tracer.instrumentor import KvscopeInstrumentor
 
     cfg = config.load()
@@ -57,6 +57,7 @@ def _start() -> None:
                        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set (or they were refused "
                        "above); sampler %s", process, config.ENV_SPANS_DIR, cfg.sampler_text())
     KvscopeInstrumentor().instrument()
+    metrics.start_in_this_process()
 
 
 def _say_to_stderr_unless_configured() -> None:
