@@ -25,9 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "record", help="record a running vLLM server (spans, probes, metrics) into a run",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="the server's base URL, e.g. http://127.0.0.1:8000")
-    where.add_argument("--pid", type=int, help="the vLLM API server's pid")
+    parser.add_argument("--url", help="the server's base URL, e.g. http://127.0.0.1:8000 (finds "
+                        "the API server by its port unless --pid is given)")
+    parser.add_argument("--pid", type=int, help="the vLLM API server's pid (the URL then comes "
+                        "from its --host/--port unless --url is given)")
     parser.add_argument("--out", required=True, type=Path, help="new run directory")
     parser.add_argument("--duration", type=float, help="seconds to record (default: until "
                         "Ctrl-C / SIGTERM)")

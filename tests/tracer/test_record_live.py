@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tracer_testkit import read_until
 from user_server import complete, tiny_prompts, user_server
 
 import analysis
@@ -24,12 +25,8 @@ READY = "kvscope record: recording"
 def _start_record(args: list[str]) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "kvscope.cli", "record", *args],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if line.startswith(READY):
-            return proc
-    raise AssertionError(f"kvscope record never started recording: {''.join(seen)}")
+    read_until(proc, READY)
+    return proc
 
 
 def test_record_a_users_server_then_analyze_every_request(tmp_path):

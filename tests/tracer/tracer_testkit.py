@@ -69,3 +69,13 @@ def assert_children_nest_in_parents(spans, remote_parents: frozenset[str] = froz
         parent = by_id.loc[(child.trace_id, child.parent_span_id)]
         assert parent["start_ns"] <= child.start_ns <= child.end_ns <= parent["end_ns"], (
             child.name, parent["name"])
+
+
+def read_until(proc, prefix: str) -> list[str]:
+    """Lines of `proc`'s stderr up to and including the first that starts with `prefix`."""
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(prefix):
+            return seen
+    raise AssertionError(f"never printed {prefix!r}: {''.join(seen)}")
