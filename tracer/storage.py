@@ -129,8 +129,11 @@ class ParallelReadListener:
 
     A batch read ahead at lookup (`prefetch_on_lookup`) is submitted outside any request; it
     becomes a span of the request whose load claimed it, over the read's own times (from the
-    lookup, so usually before kv.load starts: a sibling of kv.load, not its child). A batch of
-    LMCache's async loading carries the lookup id and waits in tracer.async_reads for its load.
+    lookup, so usually before kv.load starts: a sibling of kv.load, not its child). Its submit
+    is never attributed, even when it runs on a retrieving thread (a backlog read started when
+    another request's claim freed budget): each read belongs to exactly one request, the one
+    that claims it. A batch of LMCache's async loading carries the lookup id and waits in
+    tracer.async_reads for its load.
     """
 
     def __init__(self) -> None:
@@ -139,6 +142,8 @@ class ParallelReadListener:
         self._lock = threading.Lock()
 
     def on_read_submit(self, event: Any) -> None:
+        if event.path_kind == "prefetch":
+            return  # reported by the claiming get (on_read_claim), whoever's thread started it
         request = current.get()  # the submit runs on the retrieving thread, inside kv.load
         if request is not None:
             owner: tuple[spans.RequestTrace, Any] | str = (request, otel_context.get_current())
