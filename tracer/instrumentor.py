@@ -10,7 +10,10 @@ Usage (in each vLLM process; tracer.vllm_plugin does this when KVSCOPE_TRACING=1
 
 Nothing is imported here: each target is wrapped by a post-import hook when vLLM or LMCache
 import its module (importing LMCache's connector early breaks vLLM's start), or at once if the
-module is already loaded. Uninstrumenting unwraps every target; hooks that fire later do
+module is already loaded. Only public interfaces are wrapped: vLLM's engine front end
+(AsyncLLM, InputProcessor, OutputProcessor), its scheduler, the KV-connector interface of
+whatever connector vLLM's factory creates (the same calls on both model runners), and
+LMCache's engine and disk backend. Uninstrumenting unwraps every target; hooks that fire later do
 nothing until the next `instrument()`. While uninstrumented, no wrapper is installed at all.
 """
 
