@@ -320,9 +320,9 @@ def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None,
             _quiet_repeated_exporter_logs()
             pipe.processors["otlp"] = BoundedProcessor(
                 CountingExporter("otlp", remote, counters, after=pipe.write_stats), cfg.batch)
+    provider.add_span_processor(_EndCounter(counters))  # first: no exporter counts it before
     for processor in pipe.processors.values():
         provider.add_span_processor(processor)
-    provider.add_span_processor(_EndCounter(counters))
     return pipe
 
 
