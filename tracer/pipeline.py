@@ -107,11 +107,10 @@ class CountingExporter(SpanExporter):
             result = SpanExportResult.FAILURE
             self._log_once("%s exporter raised %r", self.name, e)
         with self.counters.lock:
-            if self.counts.final:  # already counted lost by the shutdown that gave up on it
-                pass
-            elif result is SpanExportResult.SUCCESS:
+            counting = not self.counts.final  # else counted lost by the shutdown that gave up
+            if counting and result is SpanExportResult.SUCCESS:
                 self.counts.exported += len(spans)
-            else:
+            elif counting:
                 self.counts.export_failures += 1
                 self.counts.failed += len(spans)
         if result is not SpanExportResult.SUCCESS:
