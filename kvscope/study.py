@@ -112,6 +112,12 @@ def run_study(opts: StudyOptions) -> dict[str, Path]:
     finally:
         for step in steps:
             shutil.rmtree(step.kv_dir, ignore_errors=True)
+        if opts.kv_dir_base is None:  # the study's own parent directory, now empty
+            for parent in {s.kv_dir.parent for s in steps}:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    pass
     record(opts.out, runs, steps, after)
     for run in runs.values():
         outputs.analyze(run)
