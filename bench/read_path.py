@@ -76,23 +76,36 @@ def _kvscope(path: str, **knobs: Any) -> dict[str, Any]:
 
 def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any], str]]:
     stock = os.path.join(base, "stock")
-    shared = os.path.join(base, "kvscope")  # kvscope variants share files (durable index)
     tuned = {"read_unit": args.read_unit, "queue_depth": args.queue_depth,
              "max_inflight_bytes": args.max_inflight}
+
+    def own(label: str) -> str:  # one directory per backend (each holds its directory's lock)
+        return os.path.join(base, label.replace("[", "-").replace("]", "").replace(",", "-"))
+
     paths = {
         "stock-serial": ({"local_disk": stock + "-1", "max_local_disk_size": 64,
                           "extra_config": {"disk_io_threads": 1}}, "LocalDiskBackend"),
         "stock": ({"local_disk": stock + "-4", "max_local_disk_size": 64}, "LocalDiskBackend"),
-        "kvscope-serial": (_kvscope(shared, mode="serial"), "kvscope"),
-        "kvscope": (_kvscope(shared, **tuned), "kvscope"),
-        "kvscope-noverify": (_kvscope(shared, verify_checksum=False, **tuned), "kvscope"),
+        "kvscope-serial": (_kvscope(own("kvscope-serial"), mode="serial"), "kvscope"),
+        "kvscope": (_kvscope(own("kvscope"), **tuned), "kvscope"),
+        "kvscope-noverify": (_kvscope(own("kvscope-noverify"), verify_checksum=False, **tuned),
+                             "kvscope"),
     }
     if args.sweep:
         for unit, depth in SWEEP:
-            paths[f"kvscope[{unit},qd{depth}]"] = (
-                _kvscope(shared, read_unit=unit, queue_depth=depth, max_inflight_bytes="512MiB"),
-                "kvscope")
+            label = f"kvscope[{unit},qd{depth}]"
+            paths[label] = (_kvscope(own(label), read_unit=unit, queue_depth=depth,
+                                     max_inflight_bytes="512MiB"), "kvscope")
     return paths
+
+
+def _link_chunks(source: str, target: str) -> None:
+    """Hard links of ``source``'s chunk files in ``target``: every kvscope variant reads the
+    very same blocks (found through its durable index, as after a restart)."""
+    os.makedirs(target, mode=0o700, exist_ok=True)
+    for name in os.listdir(source):
+        if name.endswith(".kvc"):
+            os.link(os.path.join(source, name), os.path.join(target, name))
 
 
 def _ceiling(files: list[str]) -> float:
@@ -109,12 +122,17 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
     shutil.rmtree(base, ignore_errors=True)
     stores: dict[str, Store] = {}
     try:
-        # the first store of each directory writes the chunks; kvscope variants opened after it
-        # find them through the durable index (as after a restart)
+        # the stock stores and the first kvscope store write the chunks; later kvscope
+        # variants get hard links to the first one's files
+        written = None
         for label, (keys, loc) in _paths(args, base).items():
+            if loc == "kvscope" and written is not None:
+                _link_chunks(written, keys["extra_config"]["kvscope.path"])
             stores[label] = Store(label, chunk_set, keys, loc)
             if len(stores[label].files()) == 0:
                 stores[label].fill()
+            if loc == "kvscope" and written is None:
+                written = keys["extra_config"]["kvscope.path"]
         nbytes = chunk_set.chunk_bytes * chunk_set.count
         gbps: dict[str, list[float]] = {label: [] for label in stores}
         ceiling: dict[str, list[float]] = {label: [] for label in stores}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import signal
 import sys
 from pathlib import Path
 
@@ -79,18 +80,33 @@ def options_from_args(args: argparse.Namespace):
     )
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so the server is stopped on the way out."""
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
 def run(args: argparse.Namespace) -> int:
+    from patched_backend.parallel_disk.dirlock import DirectoryInUse
+
     from kvscope.workload import report
     from kvscope.workload.runner import execute
     from kvscope.workload.server import ServerError
     from kvscope.workload.system import HostError
 
     opts = options_from_args(args)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
     try:
         path = execute(opts)
-    except (ValueError, HostError, ServerError, FileExistsError) as e:
+    except (ValueError, HostError, ServerError, FileExistsError, DirectoryInUse) as e:
         print(f"kvscope run: error: {e}", file=sys.stderr)
         return 2
+    except Terminated as e:
+        print(f"kvscope run: stopped by {e}; the server was stopped", file=sys.stderr)
+        return 128 + getattr(signal, str(e)).value
     print(report.phase_table(path))
     print(f"\nrun directory: {path}")
     failure = report.first_failure(path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from tqdm import tqdm
 from kvscope import ceiling, clock, rundir, twins
 from kvscope.workload import profiles, prompts, system, vllm_metrics
 from kvscope.workload.client import RequestPlan, RequestRecord, run_requests
+from kvscope.workload.kvdir import RunKVDir
 from kvscope.workload.observers import ProbeObserver
 from kvscope.workload.server import ServerConfig, VLLMServer
 
@@ -250,7 +250,8 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
     """Validate, make the twin, start the server, run every phase, always stop the server."""
     spec, profile, phases = validate(opts)
     model_dir, _ = twins.make(spec, opts.models_dir / spec.name)
-    kv_dir = opts.kv_dir or Path("/var/tmp/kvscope") / f"kv-{opts.out.name}"
+    kv = RunKVDir.prepare(opts.kv_dir, opts.out.name)
+    kv_dir = kv.path
     system.check_writable_dir(kv_dir)
     offset = clock.measure_offset()
     run = rundir.create(opts.out, _manifest(opts, spec, profile, kv_dir, model_dir, offset))
@@ -293,5 +294,5 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
         if tracing is not None:
             tracing.close()
         if not opts.keep_kv:
-            shutil.rmtree(kv_dir, ignore_errors=True)
+            kv.cleanup()
     return run

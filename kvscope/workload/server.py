@@ -1,7 +1,14 @@
-"""Start, watch and always stop a `vllm serve`-equivalent OpenAI server with LMCache."""
+"""Start, watch and always stop a `vllm serve`-equivalent OpenAI server with LMCache.
+
+The server runs in its own session (so Ctrl-C in the terminal reaches kvscope, which stops it
+in order); it gets SIGTERM from the kernel if kvscope dies without stopping it (even SIGKILL:
+PR_SET_PDEATHSIG), and `stop()` always ends the whole process group, also when the API server
+itself already died and left its engine core and worker behind.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -81,7 +88,8 @@ class VLLMServer:
         log = open(cfg.log_path, "ab")
         started = time.monotonic()
         self.process = subprocess.Popen(
-            cfg.argv(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cfg.argv(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=_end_with_parent(os.getpid()),
         )
         log.close()
         self._wait_healthy(started)
@@ -138,20 +146,22 @@ class VLLMServer:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGINT the whole process group, then SIGKILL what is left after grace_s."""
-        if self.process is None or self.process.poll() is not None:
+        """SIGINT the whole process group, SIGKILL what is left after grace_s; then SIGKILL
+        any member still there (the group outlives a dead API server)."""
+        if self.process is None:
             return
-        pgid = self.process.pid
-        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        pgid = self.process.pid  # start_new_session: the leader's pid is the group id
+        if self.process.poll() is None:
+            for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.process.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         _kill_group_leftovers(pgid)
 
     def __enter__(self) -> "VLLMServer":
@@ -166,9 +176,30 @@ class VLLMServer:
         self.stop()
 
 
-def _kill_group_leftovers(pgid: int) -> None:
-    """Workers that outlive the leader would hold the port and KV memory: kill them too."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _kill_group_leftovers(pgid: int, timeout_s: float = 10.0) -> None:
+    """Workers that outlive the leader would hold the port and KV memory: kill them and wait
+    until none is left (the port and the KV directory's lock are free when this returns)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent(parent_pid: int):
+    """preexec_fn: the server gets SIGTERM when the kvscope process ends, however it ends."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # kvscope died before prctl: no signal would come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm

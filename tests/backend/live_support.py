@@ -3,17 +3,21 @@
 
 # Standard
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+import json
 import os
 import re
 import subprocess
 import sys
+import urllib.request
 
 # Third Party
 import pandas as pd
 
 # First Party
-from kvscope import rundir
+from kvscope import rundir, twins
+from kvscope.workload import profiles
+from kvscope.workload.server import ServerConfig, VLLMServer
 from patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, SUFFIX, TEMP_PREFIX, ChunkHeader, block_hashes, read_header,
 )
@@ -89,3 +93,29 @@ def kill_server_group(driver_pid: int) -> int:
             os.killpg(child.pid, signal.SIGKILL)  # the server runs in its own session
             return child.pid
     raise AssertionError(f"no vLLM server under kvscope run pid {driver_pid}")
+
+
+def tiny_server(run: Path, kv: Path, port: int, block_size: Optional[int] = None) -> VLLMServer:
+    """The vLLM OpenAI server as a user starts it by hand (``python -m
+    vllm.entrypoints.openai.api_server ...``): tiny twin, LMCache with the ``kvscope`` profile on
+    ``kv``, log in ``run/server.log``. Use as a context manager."""
+    spec = twins.get("tiny")
+    model_dir, _ = twins.make(spec, Path.home() / ".cache" / "kvscope" / "models" / "tiny")
+    run.mkdir(parents=True, exist_ok=True)
+    return VLLMServer(ServerConfig(
+        model_dir=model_dir, served_name="tiny", port=port, host="127.0.0.1",
+        max_model_len=1024, kv_cache_gib=1, lmcache=profiles.get("kvscope").lmcache_config(kv),
+        kv_transfer=profiles.KV_TRANSFER_CONFIG, log_path=run / "server.log",
+        extra_args=[] if block_size is None else ["--block-size", str(block_size)]))
+
+
+def first_token(server: VLLMServer, prompt: list[int]) -> tuple[float, int]:
+    """(logprob of the greedy first token, prompt tokens vLLM says came from the cache)."""
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+                       "logprobs": 1}).encode()
+    request = urllib.request.Request(f"{server.base_url}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        reply = json.load(response)
+    details = reply["usage"].get("prompt_tokens_details") or {}
+    return reply["choices"][0]["logprobs"]["token_logprobs"][0], details.get("cached_tokens", 0)

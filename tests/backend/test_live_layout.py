@@ -12,47 +12,18 @@ loaded), and its own chunks, loaded back, must give it again.
 
 # Standard
 from pathlib import Path
-import json
 import time
-import urllib.request
 
 # Third Party
 import pytest
 
 # First Party
-from kvscope import twins
-from kvscope.workload import profiles
-from kvscope.workload.server import ServerConfig, VLLMServer
-from live_support import chunk_files, server_log, temp_files
+from live_support import chunk_files, first_token, server_log, temp_files, tiny_server
 from patched_backend.parallel_disk.chunkfile import read_header
 
 pytestmark = [pytest.mark.live]
 
 PROMPT = [(7 * i + 3) % 1000 + 1 for i in range(600)]  # two full 256-token chunks
-
-
-def _server(tmp_path: Path, kv: Path, port: int, block_size: int, name: str) -> VLLMServer:
-    spec = twins.get("tiny")
-    model_dir, _ = twins.make(spec, Path.home() / ".cache" / "kvscope" / "models" / "tiny")
-    run = tmp_path / name
-    run.mkdir()
-    return VLLMServer(ServerConfig(
-        model_dir=model_dir, served_name="tiny", port=port, host="127.0.0.1",
-        max_model_len=1024, kv_cache_gib=1, lmcache=profiles.get("kvscope").lmcache_config(kv),
-        kv_transfer=profiles.KV_TRANSFER_CONFIG, log_path=run / "server.log",
-        extra_args=["--block-size", str(block_size)]))
-
-
-def _first_token(server: VLLMServer) -> tuple[float, int]:
-    """(logprob of the first generated token, prompt tokens vLLM says came from the cache)."""
-    body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "temperature": 0,
-                       "logprobs": 1}).encode()
-    request = urllib.request.Request(f"{server.base_url}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        reply = json.load(response)
-    details = reply["usage"].get("prompt_tokens_details") or {}
-    return reply["choices"][0]["logprobs"]["token_logprobs"][0], details.get("cached_tokens", 0)
 
 
 def _wait_for_two_chunks(kv: Path, block_size: int) -> None:
@@ -69,20 +40,20 @@ def _wait_for_two_chunks(kv: Path, block_size: int) -> None:
 
 def test_restart_with_another_block_size_serves_no_wrong_kv(tmp_path, free_port):
     kv = tmp_path / "kv"
-    with _server(tmp_path, kv, free_port, 128, "bs128") as server:
-        computed_128, cached = _first_token(server)
+    with tiny_server(tmp_path / "bs128", kv, free_port, 128) as server:
+        computed_128, cached = first_token(server, PROMPT)
         assert cached == 0
         _wait_for_two_chunks(kv, 128)
-        reloaded_128, cached = _first_token(server)
+        reloaded_128, cached = first_token(server, PROMPT)
         assert cached == 512 and reloaded_128 == computed_128  # same layout: same KV
-    with _server(tmp_path, kv, free_port, 32, "bs32") as server:
-        after_restart, cached = _first_token(server)
+    with tiny_server(tmp_path / "bs32", kv, free_port, 32) as server:
+        after_restart, cached = first_token(server, PROMPT)
         log = server_log(tmp_path / "bs32")
         assert "2 chunk file(s) refused at start-up (layout)" in log, log[-3000:]
         assert "block_size 128 (engine 32)" in log
         assert cached == 0  # the other layout's chunks are misses: recomputed
         _wait_for_two_chunks(kv, 32)  # this layout's stores replaced the old files
-        reloaded_32, cached = _first_token(server)
+        reloaded_32, cached = first_token(server, PROMPT)
     assert cached == 512
     assert after_restart == pytest.approx(computed_128, abs=2e-3), (after_restart, computed_128)
     assert reloaded_32 == after_restart

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,11 +74,7 @@ def test_not_root_when_the_page_cache_must_be_dropped(tmp_path):
 @pytest.mark.live
 @pytest.mark.root
 def test_server_that_dies_at_start_shows_its_log(tmp_path):
-    from kvscope import twins
-
-    models = tmp_path / "models"
-    twins.make(twins.get("tiny"), models / "tiny")
-    (models / "tiny" / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    models = _broken_twin(tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -87,6 +87,144 @@ def test_server_that_dies_at_start_shows_its_log(tmp_path):
     assert not _server_left_running(port)
 
 
+def _broken_twin(tmp_path: Path) -> Path:
+    """A models directory whose tiny twin vLLM cannot load: the server dies at start-up."""
+    from kvscope import twins
+
+    models = tmp_path / "models"
+    twins.make(twins.get("tiny"), models / "tiny")
+    (models / "tiny" / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    return models
+
+
 def _server_left_running(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.root
+def test_world_writable_kv_dir_is_refused(tmp_path):
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    os.chmod(kv, 0o777)
+    proc = kvscope_run("--model", "tiny", "--kv-dir", str(kv), "--out", str(tmp_path / "r"),
+                       "--port", str(_free_port()))
+    assert proc.returncode == 2
+    assert f"KV directory {kv} has mode 0777 (group/world-writable)" in proc.stderr
+    assert f"chmod 700 {kv}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.root
+def test_kv_dir_in_use_by_another_server_is_refused(tmp_path):
+    from patched_backend.parallel_disk.dirlock import DirectoryLock
+
+    kv = tmp_path / "kv"
+    kv.mkdir(mode=0o700)
+    lock = DirectoryLock(str(kv)).acquire()
+    try:
+        proc = kvscope_run("--model", "tiny", "--kv-dir", str(kv), "--out", str(tmp_path / "r"),
+                           "--port", str(_free_port()))
+    finally:
+        lock.release()
+    assert proc.returncode == 2
+    assert f"KV directory {kv} is in use by another kvscope server (pid {os.getpid()}" in (
+        proc.stderr)
+
+
+@pytest.mark.live
+@pytest.mark.root
+def test_run_deletes_only_what_it_created_in_the_users_kv_dir(tmp_path):
+    """Issue 14 item 3: without --keep-kv the user's own files in --kv-dir survive the run."""
+    models = _broken_twin(tmp_path)
+    kv = tmp_path / "kv"
+    kv.mkdir(mode=0o700)
+    (kv / "notes.txt").write_text("the user's own file")
+    proc = kvscope_run("--model", "tiny", "--models-dir", str(models), "--port",
+                       str(_free_port()), "--out", str(tmp_path / "r"), "--kv-dir", str(kv),
+                       "--phases", "warm", timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert sorted(p.name for p in kv.iterdir()) == ["notes.txt"]
+    assert (kv / "notes.txt").read_text() == "the user's own file"
+
+
+def _start_run(tmp_path: Path, port: int) -> subprocess.Popen:
+    """`kvscope run` of many warm requests, returned once its server answers /health."""
+    import urllib.request
+
+    log = open(tmp_path / "driver.log", "wb")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "kvscope.cli", "run", "--model", "tiny", "--phases", "warm",
+         "--requests", "400", "--prompt-tokens", "600", "--port", str(port), "--no-probes",
+         "--no-tracing", "--out", str(tmp_path / "r"), "--kv-dir", str(tmp_path / "kv")],
+        stdout=log, stderr=log)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and driver.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return driver
+        except OSError:
+            time.sleep(0.5)
+    driver.kill()
+    pytest.fail(f"the server never came up; see {tmp_path / 'driver.log'}")
+
+
+def _server_tree(driver: subprocess.Popen) -> list:
+    import psutil
+
+    return psutil.Process(driver.pid).children(recursive=True)
+
+
+def _left_alive(processes: list, timeout_s: float = 60.0) -> list:
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.live
+@pytest.mark.root
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_signal_to_kvscope_ends_the_whole_server_tree(tmp_path, sig):
+    """Issue 14 item 8: `kill <kvscope>` leaves no API server, engine core or worker."""
+    port = _free_port()
+    driver = _start_run(tmp_path, port)
+    tree = _server_tree(driver)
+    try:
+        assert len(tree) >= 3, [p.cmdline()[:3] for p in tree]  # API server, engine, worker
+        driver.send_signal(sig)
+        driver.wait(timeout=120)
+        left = _left_alive(tree)
+        assert not left, [(p.pid, p.cmdline()[:4]) for p in left]
+        assert not _server_left_running(port)
+    finally:
+        for process in tree:
+            with contextlib.suppress(Exception):
+                process.kill()
+        driver.kill()
+
+
+@pytest.mark.live
+@pytest.mark.root
+def test_api_server_death_still_ends_its_engine_and_worker(tmp_path):
+    """The API server killed alone: when kvscope stops, its orphans go too."""
+    port = _free_port()
+    driver = _start_run(tmp_path, port)
+    tree = _server_tree(driver)
+    try:
+        api = [p for p in tree if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+        assert len(api) == 1
+        api[0].kill()
+        driver.wait(timeout=300)
+        left = _left_alive(tree)
+        assert not left, [(p.pid, p.cmdline()[:4]) for p in left]
+    finally:
+        for process in tree:
+            with contextlib.suppress(Exception):
+                process.kill()
+        driver.kill()
