@@ -38,7 +38,8 @@ FIO_METHOD = "fio io_uring O_DIRECT sequential read, page cache dropped"
 @dataclass(frozen=True)
 class Ceiling:
     """The best measurement (its rate, bytes, unit, depth, method), with every measurement
-    taken in `samples` and their spread ((best - worst) / best)."""
+    taken in `samples` and the spread of the best configuration's repeats ((best - worst) /
+    best: how much the machine drifted between them)."""
 
     bytes_per_s: float
     bytes: int
@@ -142,8 +143,13 @@ def _sample(c: Ceiling) -> dict[str, Any]:
             "bytes": c.bytes, "seconds": c.seconds, "bytes_per_s": c.bytes_per_s}
 
 
+def _config(sample: dict[str, Any]) -> tuple:
+    return sample.get("method"), sample.get("unit"), sample.get("depth")
+
+
 def best_of(measurements: Iterable[Ceiling | dict[str, Any]]) -> Ceiling | None:
-    """One ceiling from many: the fastest sample, every sample kept, their spread.
+    """One ceiling from many: the fastest sample, every sample kept, the spread of its
+    configuration's repeats.
 
     Accepts Ceilings or their dicts (a manifest's device_ceiling, with or without samples).
     """
@@ -161,7 +167,8 @@ def best_of(measurements: Iterable[Ceiling | dict[str, Any]]) -> Ceiling | None:
     if not samples:
         return None
     best = max(samples, key=lambda s: s["bytes_per_s"])
-    worst = min(s["bytes_per_s"] for s in samples)
+    same = [s["bytes_per_s"] for s in samples if _config(s) == _config(best)]
+    worst = min(same)  # the spread is of the winning configuration's repeats: the drift
     return Ceiling(best["bytes_per_s"], int(best.get("bytes") or 0),
                    float(best.get("seconds") or 0.0), files, int(best.get("unit") or 0),
                    int(best.get("depth") or 0), best.get("method") or RAW_METHOD,

@@ -311,7 +311,8 @@ def ceiling_lines(runs: dict[str, Path]) -> list[str]:
             f"- `{device}`: {c.bytes_per_s / 1e9:.2f} GB/s, the best of {len(rates)} "
             f"measurements ({c.method}, {c.unit >> 20} MiB x {c.depth} in flight, "
             f"{c.when or 'when not recorded'}); all: {', '.join(f'{r:.2f}' for r in rates)} "
-            f"GB/s, spread {c.spread:.0%}. Every run of the study is judged against it.")
+            f"GB/s; the best configuration's repeats spread {c.spread:.0%}. Every run of the "
+            "study is judged against it.")
     return lines
 
 

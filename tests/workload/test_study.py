@@ -90,6 +90,8 @@ def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_ru
     assert (table["ceiling_GBps"] == 4.5).all()
     lines = study.ceiling_lines(three_runs)
     assert len(lines) == 1 and "best of 4 measurements" in lines[0] and "spread 29%" in lines[0]
+    other = ceiling.best_of([best, {**_ceiling(1e9), "unit": 1 << 20, "depth": 16}])
+    assert other.bytes_per_s == 4.5e9 and other.spread == pytest.approx((4.5 - 3.21) / 4.5)
 
 
 def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(three_runs, tmp_path):
