@@ -14,8 +14,9 @@ each probe configuration:
     aggregate+pid    the aggregate probe tracking fio (a row for every request: its worst case)
 
 Aggregate runs also sample /sys/block/<disk>/inflight every second, as a probe session does.
-For each probed run: completions seen per second, events lost, and the probe's CPU as a share
-of one core: the kernel time of its BPF programs (kernel.bpf_stats_enabled run_time_ns; `net`
+For each probed run: completions seen per second on fio's disk, events lost, BPF ns per I/O seen
+and per program run (the programs also run, and cost, for other disks' I/O before filtering),
+and the probe's CPU as a share of one core: the kernel time of its BPF programs (kernel.bpf_stats_enabled run_time_ns; `net`
 subtracts what bpf_stats itself adds per run, measured on an empty program) plus the CPU of
 this process (ring-buffer thread, sampler) while fio runs; and fio's IOPS over the plain run
 just before it. The machine is shared: the 1-minute load average is printed with every run.
@@ -130,7 +131,8 @@ def run_once(path: Path, size: int, depth: int, config: str | None, args: argpar
     return {
         "iops": iops, "load": load, "seen_per_s": seen / (wall_ns / 1e9), "rows": rows,
         "lost": sum(max(v, 0) for k, v in lost.items() if k != "complete_nested"),
-        "bpf_ns_per_io": bpf_ns / max(seen, 1), "bpf_share": bpf_ns / wall_ns,
+        "bpf_ns_per_io": bpf_ns / max(seen, 1), "bpf_ns_per_run": bpf_ns / max(runs, 1),
+        "bpf_share": bpf_ns / wall_ns,
         "net_share": max(bpf_ns - runs * empty_ns, 0) / wall_ns + cpu_ns / wall_ns,
         "user_share": cpu_ns / wall_ns, "probe_share": (bpf_ns + cpu_ns) / wall_ns,
     }
@@ -171,7 +173,8 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
     print(f"fio randread O_DIRECT, {args.runtime:g} s per run, {os.cpu_count()} CPUs, file "
           f"{args.file}; bpf_stats adds {empty_ns:.0f} ns per program run (empty program)")
     print(f"{'io':<3} {'run':<15} {'load':>5} {'IOPS':>8} {'ratio':>6} {'seen/s':>8} {'rows':>7} "
-          f"{'lost':>4} {'bpf ns/io':>9} {'bpf %':>6} {'user %':>6} {'probe %':>7} {'net %':>6}")
+          f"{'lost':>4} {'ns/io':>6} {'ns/run':>6} {'bpf %':>6} {'user %':>6} {'probe %':>7} "
+          f"{'net %':>6}")
     plain = None
     for name, config, r in rows:
         if config == "plain":
@@ -180,7 +183,8 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
             continue
         print(f"{name:<3} {config:<15} {r['load']:>5.1f} {r['iops']:>8.0f} "
               f"{r['iops'] / plain['iops']:>6.3f} {r['seen_per_s']:>8.0f} {r['rows']:>7} "
-              f"{r['lost']:>4} {r['bpf_ns_per_io']:>9.0f} {100 * r['bpf_share']:>6.2f} "
+              f"{r['lost']:>4} {r['bpf_ns_per_io']:>6.0f} {r['bpf_ns_per_run']:>6.0f} "
+              f"{100 * r['bpf_share']:>6.2f} "
               f"{100 * r['user_share']:>6.2f} {100 * r['probe_share']:>7.2f} "
               f"{100 * r['net_share']:>6.2f}")
         r["ratio"] = r["iops"] / plain["iops"]
@@ -190,7 +194,9 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
             got = [r for n, c, r in rows if n == name and c == config]
             mean = {k: statistics.mean(r[k] for r in got)
                     for k in ("ratio", "probe_share", "net_share", "seen_per_s")}
-            print(f"{name:<3} {config:<15} IOPS ratio {mean['ratio']:.3f}, probe CPU "
+            median = statistics.median(r["ratio"] for r in got)
+            print(f"{name:<3} {config:<15} IOPS ratio {mean['ratio']:.3f} (median of "
+                  f"{len(got)} pairs {median:.3f}), probe CPU "
                   f"{100 * mean['probe_share']:.2f} % of one core ({100 * mean['net_share']:.2f} "
                   f"% without bpf_stats' own cost) at {mean['seen_per_s']:.0f} I/Os per s, lost "
                   f"{sum(r['lost'] for r in got)}")

@@ -228,7 +228,7 @@ class AggregateOptions:
     track: bool = False  # per-I/O rows for the tracked ids (attaches block_io_start, _rq_merge)
     track_threads: bool = False  # some tracked id is a thread id: check tids too, not only tgids
     filter_devices: bool = False
-    ringbuf_pages: int = 256  # 1 MiB: tracked rows only
+    ringbuf_pages: int = 1024  # 4 MiB: tracked rows only (probes.aggregate.ROW_POLL_MS)
     max_tracked: int = 16384
     offsets: dict[str, int] = field(default_factory=dict)  # probes.btf aggregate offsets
 

@@ -42,8 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--mode", choices=("per-io", "aggregate"), default="per-io",
                         help="per-io (default): one block_io row per request, five tracepoints "
                         "per I/O; aggregate: latency histograms and counters per device and "
-                        "process kept in the kernel (one tracepoint per I/O, ~1/8 the cost), "
-                        "rows only for --pid/--pids; for long recordings on busy hosts")
+                        "process kept in the kernel (one tracepoint per I/O, a tenth of the "
+                        "cost or less; bench/probe_overhead.py), rows only for --pid/--pids; "
+                        "for long recordings on busy hosts")
     parser.add_argument("-d", "--device", action="append", default=[],
                         help="keep only this disk (vda, nvme0n1, loop0); repeatable")
     parser.add_argument("--duration", type=float, help="seconds to record (default: until "
