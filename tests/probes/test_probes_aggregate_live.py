@@ -18,6 +18,7 @@ from probes import session
 from probes.aggregate import AggregateProbe
 from probes.block import BlockProbe
 from probes.block_bpf import BlockOptions
+from test_probes_block_live import _loaded_after_release
 
 pytestmark = pytest.mark.root
 
@@ -133,12 +134,16 @@ def test_tracked_thread_ids_select_rows(workload, loop_device: Path) -> None:
 def test_only_the_completion_program_runs_without_tracked_ids(loop_device: Path) -> None:
     probe = AggregateProbe(devices=[loop_device.name]).start()
     try:
-        assert len(probe.program_ids()) == 1
+        ids = probe.program_ids()
+        assert len(ids) == 1
         assert probe.tracepoints == ["tp_btf:block:block_rq_complete"]
     finally:
         probe.stop()
+    probe.stop()  # idempotent
     with AggregateProbe(track=[1], devices=[loop_device.name]) as tracking:
-        assert len(tracking.program_ids()) == 3  # block_io_start, _rq_merge, _rq_complete
+        ids += tracking.program_ids()
+        assert len(ids) == 4  # + block_io_start, _rq_merge, _rq_complete
+    assert not set(ids) & _loaded_after_release(set(ids))  # every program unloaded
 
 
 def test_session_aggregate_mode_writes_its_tables(run_dir: Path, workload,
