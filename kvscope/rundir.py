@@ -1,4 +1,4 @@
-"""The run directory, schema v1: the one contract between producers and readers.
+"""The run directory, schema v2: the one contract between producers and readers.
 
 Producers (workload driver, tracer, probes) write it; analysis and dashboards only read it.
 docs/run-directory.md explains every field; TABLES below is the machine-checked part of it.
@@ -17,7 +17,10 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# v2 adds to v1 only (tables io_histograms / io_totals, manifest sections server / recording,
+# runs whose requests come from server spans), so a v1 run reads as it always did.
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 SPANS_DIR = "spans"
 SERVER_LOG = "server.log"
@@ -93,14 +96,14 @@ TABLES: dict[str, TableSpec] = {
 
 
 class RunDirError(ValueError):
-    """A run directory that cannot be read as schema v1; the message says what and where."""
+    """A run directory that cannot be read by this kvscope; the message says what and where."""
 
 
 _DTYPES = {"i": "int64", "f": "float64", "s": "str", "b": "bool"}
 
 
 def empty_table(name: str) -> pd.DataFrame:
-    """Table `name` with its schema-v1 columns and no rows."""
+    """Table `name` with its schema columns and no rows."""
     columns = TABLES[name].columns
     return pd.DataFrame({c: pd.Series(dtype=_DTYPES[k]) for c, k in columns.items()})
 
@@ -154,9 +157,10 @@ def read_manifest(run: Path) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise RunDirError(f"{path} is not valid JSON ({e}); the run was cut short") from None
     version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise RunDirError(
-            f"{path} has schema_version {version!r}; this kvscope reads {SCHEMA_VERSION}"
+            f"{path} has schema_version {version!r}; this kvscope reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     return manifest
 
@@ -209,7 +213,7 @@ def _wrong_kinds(name: str, frame: pd.DataFrame) -> list[str]:
 
 
 def validate(run: Path) -> list[str]:
-    """Every way this directory breaks schema v1, as readable lines (empty when it is valid)."""
+    """Every way this directory breaks the schema, as readable lines (empty when it is valid)."""
     run = Path(run)
     try:
         manifest = read_manifest(run)

@@ -38,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="LMCache disk directory to probe (default: from the server's "
                         "LMCACHE_CONFIG_FILE); repeatable")
     parser.add_argument("--no-probes", action="store_true", help="do not attach eBPF probes")
+    parser.add_argument("--probe-mode", choices=("per-io", "aggregate"), default="per-io",
+                        help="per-io: a row per I/O; aggregate: in-kernel histograms for every "
+                        "disk, rows only for the server's processes (for long recordings on "
+                        "busy hosts; docs/probes.md)")
     parser.set_defaults(func=run)
 
 
@@ -50,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         url = args.url or _url_from_cmdline(server.cmdline)
         opts = recording.RecordOptions(out=args.out, url=url.rstrip("/"),
                                        duration_s=args.duration, otlp_listen=args.otlp_listen,
-                                       probes=not args.no_probes, kv_dirs=args.kv_dir)
+                                       probes=not args.no_probes, kv_dirs=args.kv_dir,
+                                       probe_mode=args.probe_mode)
         stop = threading.Event()
         previous = {s: signal.signal(s, lambda *_: stop.set())
                     for s in (signal.SIGINT, signal.SIGTERM)}

@@ -40,6 +40,7 @@ class RecordOptions:
     otlp_listen: str | None = None  # host:port of a receiver to run, or None: copy span files
     probes: bool = True
     kv_dirs: list[Path] = field(default_factory=list)  # default: the server's LMCache paths
+    probe_mode: str = "per-io"  # or "aggregate" (probes.session)
 
 
 @dataclass
@@ -153,7 +154,7 @@ def _start_probes(run: Path, server: ServingProcesses, devices: list[str],
         return None
     from probes import session
 
-    return session.start(run, PHASE, pids=server.pids, devices=devices)
+    return session.start(run, PHASE, pids=server.pids, devices=devices, mode=opts.probe_mode)
 
 
 def _wait(duration_s: float | None, stop: threading.Event, started_ns: int, spans_dir: Path,

@@ -29,7 +29,8 @@ def _start_record(args: list[str]) -> subprocess.Popen:
     return proc
 
 
-def test_record_a_users_server_then_analyze_every_request(tmp_path):
+@pytest.mark.parametrize("probe_mode", ["per-io", "aggregate"])
+def test_record_a_users_server_then_analyze_every_request(tmp_path, probe_mode):
     prompts = tiny_prompts(4, seed=21)
     run = tmp_path / "run"
     env = {"KVSCOPE_TRACING": "1", "KVSCOPE_SPANS_DIR": str(tmp_path / "server-spans")}
@@ -38,7 +39,8 @@ def test_record_a_users_server_then_analyze_every_request(tmp_path):
             complete(server, prompt, max_tokens=1)  # stored before the recording
         wait_for_stores(tmp_path / "kv", expected_chunks(prompts))
         system.drop_page_cache()
-        recorder = _start_record(["--url", server.base_url, "--out", str(run)])
+        recorder = _start_record(["--url", server.base_url, "--out", str(run),
+                                  "--probe-mode", probe_mode])
         client = {}
         for prompt in prompts:
             sent = time.monotonic()
@@ -61,6 +63,7 @@ def test_record_a_users_server_then_analyze_every_request(tmp_path):
     assert (attribution["block_io_count"] > 0).all(), "the worker's reads joined to its spans"
     pids = set(rundir.read_manifest(run)["server"]["pids"])
     assert set(loaded.block_io["pid"]) <= pids and len(loaded.block_io) > 0
+    assert rundir.read_manifest(run)["probes"]["probe_mode"] == probe_mode
 
     requests = loaded.requests.set_index("trace_id")
     for rid, seconds in client.items():
