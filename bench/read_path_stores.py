@@ -65,17 +65,18 @@ class Store:
                      for i in range(chunk_set.count)]
 
     def fill(self) -> None:
-        """Write the chunk set (chunk i is filled with a value derived from i)."""
+        """Write the chunk set (chunk i is filled with a value derived from i), one chunk at a
+        time: kvscope bounds its write queue (and drops what does not fit), the set is bigger."""
+        backend = self.manager.storage_backends[self.location]
+        deadline = time.monotonic() + 600
         for i, key in enumerate(self.keys):
             obj = self.manager.allocate(self.chunk_set.shape, torch.bfloat16)
             obj.tensor.fill_(float(i % 251))
             self.manager.batched_put([key], [obj], location=self.location)
-        backend = self.manager.storage_backends[self.location]
-        deadline = time.monotonic() + 600
-        while any(backend.exists_in_put_tasks(k) for k in self.keys):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.label}: writes did not finish in 600 s")
-            time.sleep(0.05)
+            while backend.exists_in_put_tasks(key):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.label}: writes did not finish in 600 s")
+                time.sleep(0.01)
 
     def read_all(self, concurrency: int) -> float:
         """Seconds to read every chunk: ``concurrency`` requests, each one batched get."""

@@ -84,7 +84,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         self._reads = ReadPath(self.path, s.mode, self._index, self._engine, self._stats,
                                local_cpu_backend, s.verify_checksum)
         self._writer = ChunkWriter(self.path, self._index, self._stats, s.write_threads,
-                                   _capped(s.write_queue_bytes, local_cpu_backend, 4))
+                                   _capped(s.write_queue_bytes, local_cpu_backend, 2))
         self._prefetch = self._make_prefetcher(local_cpu_backend)
         hooks.register_backend(self)
         if s.hugepages:

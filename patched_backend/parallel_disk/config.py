@@ -26,7 +26,7 @@ DEFAULT_PREFETCH_BYTES = 1 << 30
 DEFAULT_PREFETCH_TIMEOUT_S = 30.0
 # A read not finished by then is a miss (the worker recomputes) rather than a stalled step.
 DEFAULT_READ_TIMEOUT_S = 60.0
-# Memory held by queued writes, capped at a quarter of LMCache's CPU pool.
+# Memory held by queued writes, capped at half of LMCache's CPU pool.
 DEFAULT_WRITE_QUEUE_BYTES = 1 << 30
 
 _UNITS = {
