@@ -16,7 +16,8 @@ import stat
 
 
 class UnsafeDirectory(ValueError):
-    """The KV directory could be written (or is owned) by someone other than the server."""
+    """The KV directory cannot be created, or could be written (or is owned) by someone other
+    than the server."""
 
 
 def prepare_private_dir(path: str | os.PathLike[str], what: str = "kvscope.path") -> Path:
@@ -32,6 +33,9 @@ def prepare_private_dir(path: str | os.PathLike[str], what: str = "kvscope.path"
             os.mkdir(directory, 0o700)
         except FileExistsError:
             pass  # created meanwhile: checked below like any existing directory
+        except OSError as exc:
+            raise UnsafeDirectory(f"{what} {target} is not writable ({exc.strerror} creating "
+                                  f"{directory}); use a directory you own") from None
         else:
             os.chmod(directory, 0o700)  # the umask could have removed bits, never added
         check_private_dir(directory, what)
