@@ -7,19 +7,22 @@ What kvscope recorded is read back from the span files it wrote.
 
 from __future__ import annotations
 
-import argparse
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tracer_testkit import assert_children_nest_in_parents, wait_until
 from user_server import MODEL, complete, tiny_model, tiny_prompts, user_server
 
 from analysis.otlp import read_span_files
 from kvscope.workload.runner import expected_chunks, wait_for_stores
 from tracer import semconv
+from tracer.metrics import SERVER_TTFT, STAGES
 from tracer.run import wait_for_span_files
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
@@ -30,6 +33,7 @@ LOADED = {semconv.SPAN_KV_LOAD, semconv.SPAN_STORAGE_READ, semconv.SPAN_KV_TRANS
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 BENCH_PROMPTS = 4
+GRAFANA = Path(__file__).parents[2] / "docs" / "grafana" / "kvscope-stages.json"
 
 
 def _spans(spans_dir: Path) -> pd.DataFrame:
@@ -75,7 +79,8 @@ def test_every_request_of_a_users_server_is_one_whole_trace(tmp_path):
                 for i, p in enumerate(prompts)]
         _run_vllm_bench(server, tmp_path / "bench")
         wait_for_span_files(spans_dir)
-    spans = _spans(spans_dir)
+        spans = _spans(spans_dir)
+        _assert_metrics_count_the_spans(server, spans, disk_hits=len(prompts) * 2)
     traces = _by_request(spans)
 
     ours = {rid: traces.pop(f"{rid}-0") for rid in warm + cold}  # vLLM adds -<prompt index>
@@ -106,6 +111,46 @@ def test_every_request_of_a_users_server_is_one_whole_trace(tmp_path):
     assert_children_nest_in_parents(spans, remote_parents=frozenset({CALLER_SPAN}))
 
 
+def _metric_counts(server) -> dict[tuple[str, tuple], float]:
+    """kvscope's samples by (name, labels); a labelled counter with no samples yet (refusals
+    by reason) is there by name, with no labels and no value."""
+    found: dict[tuple[str, tuple], float] = {}
+    for family in text_string_to_metric_families(server.metrics_text()):
+        if family.name.startswith("kvscope_") and family.type == "counter":
+            found.setdefault((f"{family.name}_total", ()), 0.0)
+        for sample in family.samples:
+            if sample.name.startswith("kvscope_"):
+                found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def _stage_count(samples, stage: str) -> float:
+    return samples.get(("kvscope_stage_duration_seconds_count", (("stage", stage),)), 0)
+
+
+def _assert_metrics_count_the_spans(server, spans: pd.DataFrame, disk_hits: int) -> None:
+    """vLLM's own /metrics: kvscope's stage histograms count exactly the spans written, and
+    every metric the shipped Grafana dashboard queries exists."""
+    expected = {stage: int((spans["name"] == name).sum()) for name, stage in STAGES.items()}
+    expected[SERVER_TTFT] = expected["server_request"]
+    assert expected["server_request"] > 0 and expected["kv_load"] > 0
+    deadline = time.monotonic() + 30
+    while True:  # each process writes its snapshot every 200 ms
+        samples = _metric_counts(server)
+        counted = {stage: _stage_count(samples, stage) for stage in expected}
+        if counted == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert counted == expected
+    inf = ("kvscope_stage_duration_seconds_bucket", (("le", "+Inf"), ("stage", "prefill")))
+    assert samples[inf] == expected["prefill"]
+    assert samples[("kvscope_storage_read_bytes_total", ())] > 0
+    assert samples[("kvscope_disk_backend_read_hits_total", ())] == disk_hits
+    in_panels = set(re.findall(r"kvscope_[a-z_]+", GRAFANA.read_text()))
+    exposed = {name for name, _ in samples}
+    assert in_panels and in_panels <= exposed, f"the Grafana panels query {in_panels - exposed}"
+
+
 def test_sampling_at_a_quarter_keeps_only_whole_sampled_traces(tmp_path):
     spans_dir = tmp_path / "spans"
     prompts = tiny_prompts(40, tokens=100, seed=5)
@@ -125,11 +170,15 @@ def test_sampling_at_a_quarter_keeps_only_whole_sampled_traces(tmp_path):
     assert_children_nest_in_parents(spans)
 
 
-def test_vllms_own_llm_request_span_joins_kvscopes_trace(tmp_path, otlp_receiver):
+def test_the_sre_recipe_over_otlp_and_vllms_llm_request_joins_kvscopes_trace(tmp_path,
+                                                                             otlp_receiver):
     receiver, endpoint = otlp_receiver
     spans_dir = tmp_path / "spans"
     prompts = tiny_prompts(6, seed=11)
-    env = {"KVSCOPE_TRACING": "1", "KVSCOPE_SPANS_DIR": str(spans_dir)}
+    # docs/tracing.md's recipe: KVSCOPE_TRACING=1 and OTEL_EXPORTER_OTLP_ENDPOINT (the receiver
+    # stands in for Jaeger); a copy to files as well, to compare.
+    env = {"KVSCOPE_TRACING": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+           "KVSCOPE_SPANS_DIR": str(spans_dir)}
     with user_server(tmp_path, env=env, args=["--otlp-traces-endpoint", endpoint]) as server:
         caller = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"}
         ids = [complete(server, p, headers=caller if i == 0 else None)["id"]
@@ -139,6 +188,8 @@ def test_vllms_own_llm_request_span_joins_kvscopes_trace(tmp_path, otlp_receiver
         wait_for_span_files(spans_dir)
     spans = _spans(spans_dir)
     ours = _by_request(spans)
+    assert wait_until(lambda: {x.span_id.hex() for x in receiver.spans()} >= set(spans["span_id"]),
+                      30), "every kvscope span reached the OTLP receiver too"
     vllm = {}
     for span in receiver.spans():
         if span.name == "llm_request":
