@@ -5,6 +5,18 @@ from __future__ import annotations
 import pytest
 from tracer_testkit import start_receiver
 
+from tracer import config, failsafe
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tracer_state():
+    """Every tracer test starts with no counted errors and no cached configuration."""
+    failsafe.reset()
+    config.reset()
+    yield
+    failsafe.reset()
+    config.reset()
+
 
 @pytest.fixture
 def otlp_receiver():

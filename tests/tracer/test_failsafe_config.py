@@ -12,15 +12,6 @@ from tracer import config, failsafe, pipeline, vllm_plugin
 OTLP = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    failsafe.reset()
-    config.reset()
-    yield
-    failsafe.reset()
-    config.reset()
-
-
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 

@@ -17,15 +17,6 @@ from tracer.run import summarize_stats
 from tracer.runtime import Runtime
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    failsafe.reset()
-    config.reset()
-    yield
-    failsafe.reset()
-    config.reset()
-
-
 def _runtime(env: dict[str, str]) -> Runtime:
     return Runtime(pipeline.build("test-service", "test", env), offset_ns=1_000_000_000)
 
