@@ -3,34 +3,41 @@
 
 A request's stages end in three processes (queue and lookup in the engine core; load, reads,
 transfer, prefill and store in the worker; server TTFT in the API server), but SREs scrape one
-endpoint: vLLM's `/metrics`, served by the API server from prometheus_client's registry. So
-each traced process counts its ended spans into histograms (a span processor: nothing on the
-serving path but a dict update) and writes them, with the kvscope disk backend's counters, as a
-small JSON snapshot into a directory all of the server's processes share; the API server
-registers a collector that merges the snapshots at scrape time.
+endpoint: vLLM's `/metrics`, served by the API server. Each traced process counts its ended
+spans (a span processor: nothing on the serving path but a counter update) and shares them, with
+the kvscope disk backend's counters, in whichever of vLLM's two ways /metrics is being served:
 
-The directory is `KVSCOPE_METRICS_DIR`; when unset, the first traced process (the API server,
-which starts before the engine) makes one and puts it in the environment its children inherit.
+- prometheus_client's global registry (the default): each process writes a small JSON snapshot
+  into a directory the server's processes share, `KVSCOPE_METRICS_DIR` (made by the first traced
+  process, the API server, and inherited by its children when unset); a collector on the API
+  server's registry merges the snapshots at scrape time.
+- prometheus_client's multiprocess mode, when PROMETHEUS_MULTIPROC_DIR is set (by the user, by
+  `--api-server-count` > 1, or by LMCache in a parent process): vLLM then serves only the
+  metric files in that directory, so each process records into prometheus_client metrics,
+  which write those files.
+
 Counts follow the trace sampler: an unsampled request has no spans to count.
 """
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import json
 import multiprocessing
 import os
+import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from tracer import semconv
+from tracer import failsafe, semconv
 
 ENV_METRICS_DIR = "KVSCOPE_METRICS_DIR"
+ENV_PROMETHEUS_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
 WRITE_EVERY_S = 0.2
 PREFIX = "kvscope_"
 STAGES = {
@@ -42,49 +49,123 @@ STAGES = {
 SERVER_TTFT = "server_ttft"  # from the server request span's TTFT attribute
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
              25.0, 60.0, 120.0)
+STAGE_DURATION = (f"{PREFIX}stage_duration_seconds", "Time per traced request in each kvscope "
+                  "stage (server_ttft: arrival at the API server to its first token)")
+READ_BYTES = (f"{PREFIX}storage_read_bytes", "KV bytes read from storage for traced requests")
+REFUSED = (f"{PREFIX}disk_backend_refused_chunks", "Chunks the kvscope disk backend refused to "
+           "serve (served as misses), by reason")
+BackendStats = Callable[[], list[dict[str, Any]]]
+
+_multiprocess_at_start: bool | None = None
+
+
+def multiprocess_mode() -> bool:
+    """Whether vLLM serves prometheus_client's multiprocess files in this server. Decided when
+    the plugin starts: LMCache sets PROMETHEUS_MULTIPROC_DIR later in the processes that build
+    its engine, and vLLM's API server, started without it, still serves the global registry."""
+    if _multiprocess_at_start is None:
+        return bool(os.environ.get(ENV_PROMETHEUS_MULTIPROC))
+    return _multiprocess_at_start
 
 
 def metrics_dir() -> Path:
-    """This server's shared snapshot directory (made, and exported to children, on first use)."""
+    """This server's shared snapshot directory (made, exported to children and removed at exit
+    by the first process that needs it)."""
     value = os.environ.get(ENV_METRICS_DIR)
     if not value:
         value = tempfile.mkdtemp(prefix="kvscope-metrics-")
         os.environ[ENV_METRICS_DIR] = value
+        atexit.register(shutil.rmtree, value, ignore_errors=True)
     path = Path(value)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-class StageMetrics(SpanProcessor):
-    """Counts each ended span into its stage's histogram; a thread writes the snapshot."""
+def stage_metrics(backend_stats: BackendStats) -> "StageMetrics":
+    """This process's span processor, recording the way vLLM serves /metrics here."""
+    if multiprocess_mode():
+        return StageMetrics(MultiprocessFiles(backend_stats))
+    return StageMetrics(SnapshotFile(metrics_dir(), backend_stats))
 
-    def __init__(self, directory: Path, backend_stats: Any = lambda: []) -> None:
-        self.path = directory / f"{os.getpid()}.json"
-        self._backend_stats = backend_stats
-        self._lock = threading.Lock()
-        self._histograms: dict[str, list[float]] = {}  # stage -> [count per bucket..., +Inf, sum]
-        self._read_bytes = 0
-        self._dirty = threading.Event()
-        self._closed = threading.Event()
-        threading.Thread(target=self._writer, name="kvscope-metrics", daemon=True).start()
+
+class StageMetrics(SpanProcessor):
+    """Counts each ended span into its stage's histogram."""
+
+    def __init__(self, sink: "SnapshotFile | MultiprocessFiles") -> None:
+        self.sink = sink
 
     def on_end(self, span: ReadableSpan) -> None:
         stage = STAGES.get(span.name)
         if stage is None:
             return
         attributes = span.attributes or {}
-        with self._lock:
-            self._observe(stage, (span.end_time - span.start_time) / 1e9)
-            if stage == "server_request" and semconv.GEN_AI_TTFT in attributes:
-                self._observe(SERVER_TTFT, float(attributes[semconv.GEN_AI_TTFT]))
-            if stage == "storage_read":
-                self._read_bytes += int(attributes.get(semconv.READ_BYTES, 0))
+        self.sink.observe(stage, (span.end_time - span.start_time) / 1e9)
+        if stage == "server_request" and semconv.GEN_AI_TTFT in attributes:
+            self.sink.observe(SERVER_TTFT, float(attributes[semconv.GEN_AI_TTFT]))
+        if stage == "storage_read":
+            self.sink.add_read_bytes(int(attributes.get(semconv.READ_BYTES, 0)))
+
+    def shutdown(self) -> None:
+        self.sink.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self.sink.flush()
+        return True
+
+
+class _Publisher:
+    """A thread that publishes a sink's state every WRITE_EVERY_S while it changes, and once
+    more when closed."""
+
+    def __init__(self) -> None:
+        self._dirty = threading.Event()
+        self._closed = threading.Event()
+        threading.Thread(target=self._run, name="kvscope-metrics", daemon=True).start()
+
+    def changed(self) -> None:
         self._dirty.set()
 
-    def _observe(self, stage: str, seconds: float) -> None:
-        counts = self._histograms.setdefault(stage, [0.0] * (len(BUCKETS_S) + 2))
-        counts[bisect.bisect_left(BUCKETS_S, seconds)] += 1
-        counts[-1] += seconds
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            if self._dirty.wait(WRITE_EVERY_S):
+                self._dirty.clear()
+                try:
+                    self.flush()
+                except Exception as e:  # metrics are lost, serving goes on
+                    failsafe.count("metrics.publish", e, fix="kvscope's /metrics stop growing "
+                                   "in this process; its spans are still exported")
+                self._closed.wait(WRITE_EVERY_S)
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._closed.set()
+        self.flush()
+
+
+class SnapshotFile(_Publisher):
+    """This process's histograms and backend counters as `<pid>.json` in the shared directory."""
+
+    def __init__(self, directory: Path, backend_stats: BackendStats = lambda: []) -> None:
+        self.path = directory / f"{os.getpid()}.json"
+        self._backend_stats = backend_stats
+        self._lock = threading.Lock()
+        self._histograms: dict[str, list[float]] = {}  # stage -> [count per bucket..., +Inf, sum]
+        self._read_bytes = 0
+        super().__init__()
+
+    def observe(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            counts = self._histograms.setdefault(stage, [0.0] * (len(BUCKETS_S) + 2))
+            counts[bisect.bisect_left(BUCKETS_S, seconds)] += 1
+            counts[-1] += seconds
+        self.changed()
+
+    def add_read_bytes(self, count: int) -> None:
+        with self._lock:
+            self._read_bytes += count
+        self.changed()
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -92,14 +173,7 @@ class StageMetrics(SpanProcessor):
                     "storage_read_bytes": self._read_bytes,
                     "disk_backends": self._backend_stats()}
 
-    def _writer(self) -> None:
-        while not self._closed.is_set():
-            if self._dirty.wait(WRITE_EVERY_S):
-                self._dirty.clear()
-                self._write()
-                time.sleep(WRITE_EVERY_S)
-
-    def _write(self) -> None:
+    def flush(self) -> None:
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         try:
             temporary.write_text(json.dumps(self.snapshot()))
@@ -107,13 +181,61 @@ class StageMetrics(SpanProcessor):
         except OSError:
             pass  # a full or removed directory costs metrics, never serving
 
-    def shutdown(self) -> None:
-        self._closed.set()
-        self._write()
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self._write()
-        return True
+class MultiprocessFiles(_Publisher):
+    """prometheus_client metrics, which in multiprocess mode write this process's values into
+    PROMETHEUS_MULTIPROC_DIR; the backend's counters are added as they grow."""
+
+    def __init__(self, backend_stats: BackendStats = lambda: []) -> None:
+        from prometheus_client import Counter, Histogram
+
+        from patched_backend.parallel_disk.stats import COUNTERS
+
+        self._backend_stats = backend_stats
+        self._stages = Histogram(*STAGE_DURATION, ["stage"], buckets=BUCKETS_S, registry=None)
+        self._read_bytes = Counter(*READ_BYTES, registry=None)
+        self._backend = {name: Counter(*_backend_counter(name), registry=None)
+                         for name in COUNTERS}
+        self._refused = Counter(*REFUSED, ["reason"], registry=None)
+        self._published: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        super().__init__()
+        self.changed()  # the backend's counters appear at zero, before any span
+
+    def observe(self, stage: str, seconds: float) -> None:
+        self._stages.labels(stage).observe(seconds)
+        self.changed()
+
+    def add_read_bytes(self, count: int) -> None:
+        self._read_bytes.inc(count)
+
+    def flush(self) -> None:
+        totals = _backend_totals([{"disk_backends": self._backend_stats()}])
+        with self._lock:
+            for (name, reason), value in totals.items():
+                grown = value - self._published.get((name, reason), 0)
+                if grown > 0:
+                    counter = self._refused.labels(reason) if reason else self._backend[name]
+                    counter.inc(grown)
+                    self._published[(name, reason)] = value
+
+
+def _backend_counter(name: str) -> tuple[str, str]:
+    return f"{PREFIX}disk_backend_{name}", f"kvscope disk backend counter {name}"
+
+
+def _backend_totals(snapshots: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """(counter, "") and ("refused", reason) summed over every backend of every snapshot."""
+    from patched_backend.parallel_disk.stats import COUNTERS
+
+    totals: dict[tuple[str, str], float] = {(name, ""): 0 for name in COUNTERS}
+    for snapshot in snapshots:
+        for backend in snapshot.get("disk_backends", ()):
+            for name in COUNTERS:
+                totals[(name, "")] += int(backend.get(name, 0))
+            for reason, count in (backend.get("corrupt_by_reason") or {}).items():
+                totals[("refused", reason)] = totals.get(("refused", reason), 0) + count
+    return totals
 
 
 class SnapshotCollector:
@@ -126,9 +248,7 @@ class SnapshotCollector:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         snapshots = list(self._snapshots())
-        stages = HistogramMetricFamily(
-            f"{PREFIX}stage_duration_seconds", "Time per traced request in each kvscope stage "
-            "(server_ttft: arrival at the API server to its first token)", labels=["stage"])
+        stages = HistogramMetricFamily(*STAGE_DURATION, labels=["stage"])
         for stage, counts in sorted(_merged_histograms(snapshots).items()):
             cumulative, buckets = 0.0, []
             for bound, count in zip((*map(str, BUCKETS_S), "+Inf"), counts[:-1]):
@@ -136,10 +256,15 @@ class SnapshotCollector:
                 buckets.append((bound, cumulative))
             stages.add_metric([stage], buckets, counts[-1])
         yield stages
-        yield CounterMetricFamily(f"{PREFIX}storage_read_bytes", "KV bytes read from storage "
-                                  "for traced requests",
+        yield CounterMetricFamily(*READ_BYTES,
                                   value=sum(s.get("storage_read_bytes", 0) for s in snapshots))
-        yield from _backend_families(snapshots)
+        refused = CounterMetricFamily(*REFUSED, labels=["reason"])
+        for (name, reason), value in sorted(_backend_totals(snapshots).items()):
+            if reason:
+                refused.add_metric([reason], value)
+            elif snapshots:
+                yield CounterMetricFamily(*_backend_counter(name), value=value)
+        yield refused
 
     def _snapshots(self) -> Iterator[dict[str, Any]]:
         for path in self.directory.glob("*.json"):
@@ -159,34 +284,14 @@ def _merged_histograms(snapshots: list[dict[str, Any]]) -> dict[str, list[float]
     return merged
 
 
-def _backend_families(snapshots: list[dict[str, Any]]) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily
-
-    from patched_backend.parallel_disk.stats import COUNTERS
-
-    totals: dict[str, float] = {name: 0 for name in COUNTERS} if snapshots else {}
-    refused = CounterMetricFamily(f"{PREFIX}disk_backend_refused_chunks", "Chunks the kvscope "
-                                  "disk backend refused to serve (served as misses), by reason",
-                                  labels=["reason"])
-    by_reason: dict[str, float] = {}
-    for snapshot in snapshots:
-        for backend in snapshot.get("disk_backends", ()):
-            for name in COUNTERS:
-                totals[name] += int(backend.get(name, 0))
-            for reason, count in (backend.get("corrupt_by_reason") or {}).items():
-                by_reason[reason] = by_reason.get(reason, 0) + count
-    for name, value in sorted(totals.items()):
-        yield CounterMetricFamily(f"{PREFIX}disk_backend_{name}",
-                                  f"kvscope disk backend counter {name}", value=value)
-    for reason, count in sorted(by_reason.items()):
-        refused.add_metric([reason], count)
-    yield refused
-
-
 def start_in_this_process() -> None:
-    """At plugin start-up: the shared directory exists (and is in the environment before vLLM
-    starts its engine), and the top process, the API server, serves the merged snapshots on
-    the registry vLLM's /metrics uses."""
+    """At plugin start-up: fix this process's mode; in the global-registry mode, the shared
+    directory exists (and is in the environment before vLLM starts its engine), and the top
+    process, the API server, serves the merged snapshots on that registry."""
+    global _multiprocess_at_start
+    _multiprocess_at_start = bool(os.environ.get(ENV_PROMETHEUS_MULTIPROC))
+    if _multiprocess_at_start:
+        return
     directory = metrics_dir()
     if multiprocessing.parent_process() is None:
         from prometheus_client import REGISTRY

@@ -54,7 +54,7 @@ def _build(service_name: str, prefix: str) -> "Runtime | None":
     try:
         pipe = pipeline.build(service_name, prefix, report_disk_backends=True)
         pipe.provider.add_span_processor(  # stage histograms for vLLM's /metrics
-            metrics.StageMetrics(metrics.metrics_dir(), pipeline.disk_backend_stats))
+            metrics.stage_metrics(pipeline.disk_backend_stats))
         runtime = Runtime(pipe, clock_offset_ns())
     except Exception as e:
         failsafe.count(BUILD, e, fix=BUILD_FIX)
