@@ -1,4 +1,5 @@
-"""vLLM general plugin (entry point `vllm.general_plugins`): gives LMCache a KV connector on CPU.
+"""vLLM general plugin (entry point `vllm.general_plugins`): gives LMCache a KV connector on CPU,
+and bf16 linear layers an fp32 GEMM where oneDNN has no bf16 one (fp32_gemm.py, opt-in by env).
 
 vLLM runs general plugins in every one of its processes. Importing LMCache's connector module
 early breaks vLLM's engine start, so `register()` only arms a post-import hook; the factory is
@@ -21,7 +22,10 @@ _FACTORY_MODULE = "lmcache.v1.gpu_connector"
 
 
 def register() -> None:
+    from patched_backend import fp32_gemm
+
     wrapt.register_post_import_hook(_wrap_connector_factory, _FACTORY_MODULE)
+    fp32_gemm.register()
     from tracer.vllm_plugin import warn_if_not_loaded  # imports nothing else
 
     warn_if_not_loaded()

