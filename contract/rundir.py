@@ -1,0 +1,221 @@
+"""The run directory, schema v2: its layout, its tables' schemas, and how to read and write it.
+
+Producers (workload driver, tracer, probes) write it; analysis and dashboards only read it.
+docs/run-directory.md explains every field; TABLES below is the machine-checked part of it:
+each table's required columns as a pyarrow schema, checked against a parquet file's own schema
+(its footer) without reading the data.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 2
+# v2 adds to v1 only (tables io_histograms / io_totals, manifest sections server / recording,
+# runs whose requests come from server spans), so a v1 run reads as it always did.
+READABLE_VERSIONS = (1, 2)
+MANIFEST = "manifest.json"
+SPANS_DIR = "spans"
+SERVER_LOG = "server.log"
+BACKEND_STATS_DIR = "backend"  # RUN/backend/<pid>.json: each server process's disk counters
+REQUIRED_MANIFEST_KEYS = (
+    "schema_version", "run_id", "created_at", "command", "model", "backend", "workload",
+    "machine", "versions", "clock", "phases",
+)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A parquet table of the run: file name, required columns and which producer writes it."""
+
+    file: str
+    schema: pa.Schema
+    producer: str
+
+    @property
+    def columns(self) -> list[str]:
+        return self.schema.names
+
+
+def _schema(**columns: pa.DataType) -> pa.Schema:
+    return pa.schema(list(columns.items()))
+
+
+I, F, S = pa.int64(), pa.float64(), pa.string()
+# All *_ns columns are CLOCK_MONOTONIC nanoseconds of the host; manifest["clock"]["offset_ns"]
+# maps them to epoch. Extra columns (block_io.insert_ns, io_totals' mean depths) are allowed.
+TABLES: dict[str, TableSpec] = {
+    "requests": TableSpec("requests.parquet", _schema(
+        request_id=S, phase=S, concurrency=I, prompt_index=I, trace_id=S, prompt_tokens=I,
+        cached_tokens=I, output_tokens=I, arrival_ns=I, first_token_ns=I, finish_ns=I,
+        ttft_s=F, e2e_s=F, status=S, error=S), "workload driver (kvscope run)"),
+    "block_io": TableSpec("block_io.parquet", _schema(
+        phase=S, device=S, dev=S, sector=I, bytes=I, op=S, pid=I, tid=I, comm=S, start_ns=I,
+        issue_ns=I, complete_ns=I, error=I), "probes (block probe)"),
+    "queue_depth": TableSpec("queue_depth.parquet", _schema(
+        phase=S, ts_ns=I, device=S, hw_queue=I, inflight=I, source=S),
+        "probes (block and NVMe probes, or the sysfs fallback sampler)"),
+    "nvme_io": TableSpec("nvme_io.parquet", _schema(
+        phase=S, ctrl_id=I, transport=S, disk=S, qid=I, cid=I, opcode=I, nsid=I, bytes=I,
+        setup_ns=I, complete_ns=I, status=I), "probes (NVMe probe)"),
+    "io_histograms": TableSpec("io_histograms.parquet", _schema(
+        phase=S, device=S, pid=I, op=S, kind=S, slot=I, lo_us=I, hi_us=I, count=I),
+        "probes (aggregate block probe)"),
+    "io_totals": TableSpec("io_totals.parquet", _schema(
+        phase=S, device=S, pid=I, op=S, ios=I, bytes=I, queue_ns=I, service_ns=I, no_start=I,
+        no_issue=I, window_ns=I), "probes (aggregate block probe)"),
+}
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be read by this kvscope; the message says what and where."""
+
+
+def empty_table(name: str) -> pd.DataFrame:
+    """Table `name` with its schema columns and no rows."""
+    return TABLES[name].schema.empty_table().to_pandas()
+
+
+def table_path(run: Path, name: str) -> Path:
+    return Path(run) / TABLES[name].file
+
+
+@contextmanager
+def _locked(run: Path) -> Iterator[None]:
+    """Serialise read-modify-write of shared files across the producer processes."""
+    with open(Path(run) / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def create(run: Path, manifest: dict[str, Any]) -> Path:
+    """Make a new run directory with its manifest; refuses to overwrite an existing run."""
+    run = Path(run)
+    if (run / MANIFEST).exists():
+        raise RunDirError(f"{run} already holds a run; pick a new --out directory")
+    run.mkdir(parents=True, exist_ok=True)
+    (run / SPANS_DIR).mkdir(exist_ok=True)
+    body = {"schema_version": SCHEMA_VERSION, **manifest}
+    _atomic_write(run / MANIFEST, lambda f: f.write(json.dumps(body, indent=2).encode()))
+    return run
+
+
+def read_manifest(run: Path) -> dict[str, Any]:
+    path = Path(run) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunDirError(f"{run} is not a kvscope run directory: {MANIFEST} is missing") from None
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path} is not valid JSON ({e}); the run was cut short") from None
+    version = manifest.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise RunDirError(
+            f"{path} has schema_version {version!r}; this kvscope reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
+        )
+    return manifest
+
+
+def update_manifest(run: Path, section: str, value: Any) -> None:
+    """Set one top-level section of the manifest (producers own their own sections)."""
+    run = Path(run)
+    with _locked(run):
+        manifest = read_manifest(run)
+        manifest[section] = value
+        _atomic_write(run / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode()))
+
+
+def append_table(run: Path, name: str, frame: pd.DataFrame) -> None:
+    """Add rows to a table, creating it on first use (phases append one after another).
+
+    A parquet file cannot grow in place (its footer indexes the row groups), so the rows so far
+    are read back and rewritten with the new ones; a run has a handful of phases."""
+    missing = [c for c in TABLES[name].columns if c not in frame.columns]
+    if missing:
+        raise RunDirError(f"rows for {name} lack columns {missing}")
+    path = table_path(run, name)
+    with _locked(Path(run)):
+        if path.exists():
+            frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
+        _atomic_write(path, lambda f: frame.to_parquet(f, index=False))
+
+
+def read_table(run: Path, name: str) -> pd.DataFrame | None:
+    """The table, or None when this run has none (a producer was off)."""
+    path = table_path(run, name)
+    if not path.exists():
+        return None
+    return pd.read_parquet(path)
+
+
+def schema_problems(name: str, schema: pa.Schema) -> list[str]:
+    """How a file's schema breaks table `name`'s: missing columns, columns of the wrong type
+    (any integer width is an integer, an integer column may stand for a float one, an all-null
+    column of an empty table fits any type)."""
+    spec = TABLES[name]
+    problems = []
+    for want in spec.schema:
+        if want.name not in schema.names:
+            problems.append(f"{spec.file}: missing column {want.name}")
+        elif not _fits(schema.field(want.name).type, want.type):
+            problems.append(f"{spec.file}: column {want.name} is {schema.field(want.name).type}, "
+                            f"expected {want.type}")
+    return problems
+
+
+def _fits(got: pa.DataType, want: pa.DataType) -> bool:
+    if pa.types.is_null(got) or got == want:
+        return True
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(got)
+    if pa.types.is_floating(want):
+        return pa.types.is_floating(got) or pa.types.is_integer(got)
+    if pa.types.is_string(want):
+        return pa.types.is_string(got) or pa.types.is_large_string(got)
+    return False
+
+
+def validate(run: Path) -> list[str]:
+    """Every way this directory breaks the schema, as readable lines (empty when it is valid).
+    Tables are checked by their parquet schemas alone: no data is read."""
+    run = Path(run)
+    try:
+        manifest = read_manifest(run)
+    except RunDirError as e:
+        return [str(e)]
+    problems = [f"{MANIFEST}: missing key {k}" for k in REQUIRED_MANIFEST_KEYS if k not in manifest]
+    if not table_path(run, "requests").exists():
+        problems.append(f"{TABLES['requests'].file} is missing")
+    for name in TABLES:
+        path = table_path(run, name)
+        if path.exists():
+            problems += schema_problems(name, pq.read_schema(path))
+    return problems

@@ -1,0 +1,59 @@
+"""Span names and attribute keys: defined once, shared by the tracer (writes) and every reader.
+
+`gen_ai.*` keys are the ones vLLM and the GenAI semantic conventions already use; everything of
+our own lives under `kvscope.`, lower_snake, with the unit in the name.
+Spans are stored as OTLP JSON in RUN/spans/ (rundir.SPANS_DIR); readers turn them into one
+frame of SPAN_COLUMNS (analysis.otlp), which analysis also writes as spans.parquet.
+"""
+
+# Span names, from the client's request down to the device read.
+SPAN_CLIENT_REQUEST = "kvscope.client.request"  # root: client send -> last token (client clock)
+SPAN_SERVER_REQUEST = "kvscope.server.request"  # API server: add_request -> finished (root if
+# the caller sent no traceparent); event EVENT_FIRST_TOKEN when the first token came out
+SPAN_QUEUE = "kvscope.queue"  # arrival in vLLM -> first scheduled
+SPAN_KV_LOOKUP = "kvscope.kv.lookup"  # scheduler asks LMCache how many tokens it holds
+SPAN_KV_LOAD = "kvscope.kv.load"  # worker loads the hit tokens (parent of reads and transfers)
+SPAN_STORAGE_READ = "kvscope.storage.read"  # one batch of chunk reads from the storage tier
+SPAN_KV_TRANSFER = "kvscope.kv.transfer"  # copy into the paged KV cache (H2D on CUDA)
+SPAN_PREFILL = "kvscope.prefill"  # the forward pass over this request's uncached tokens
+SPAN_KV_STORE = "kvscope.kv.store"  # saving new KV to LMCache after the forward
+SPAN_FIRST_TOKEN = "kvscope.first_token"  # zero-length marker at the first streamed token
+EVENT_FIRST_TOKEN = "kvscope.first_token"  # span event on the server request span
+
+# Attribute keys shared with vLLM / GenAI semantic conventions.
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+GEN_AI_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_TTFT = "gen_ai.latency.time_to_first_token"
+GEN_AI_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"  # vLLM's own: scheduled_ts - queued_ts
+GEN_AI_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+ERROR_TYPE = "error.type"
+
+# Our own attribute keys.
+REQUEST_ID = "kvscope.request_id"  # the client's id (X-Request-Id), on every span
+VLLM_REQUEST_ID = "kvscope.vllm.request_id"  # vLLM's internal id (client id + random suffix)
+PHASE = "kvscope.phase"
+PROMPT_INDEX = "kvscope.prompt_index"
+CONCURRENCY = "kvscope.concurrency"  # requests the client allowed in flight
+CACHED_TOKENS = "kvscope.kv.cached_tokens"
+HIT_TOKENS = "kvscope.kv.hit_tokens"
+READ_BYTES = "kvscope.storage.read_bytes"
+READ_CHUNKS = "kvscope.storage.chunks"
+READ_SUBREADS = "kvscope.storage.subreads"
+READ_BACKEND = "kvscope.storage.backend"
+READ_DEVICE = "kvscope.storage.device"
+READ_INFLIGHT_AT_SUBMIT = "kvscope.storage.inflight_at_submit"
+READER_TIDS = "kvscope.storage.reader_tids"  # threads that issued the reads (joins block I/O)
+READ_FAILED_CHUNKS = "kvscope.storage.failed_chunks"  # chunks refused (served as misses)
+READ_AHEAD = "kvscope.storage.read_ahead"  # true: started at lookup, before this request's load
+TRANSFER_BYTES = "kvscope.transfer.bytes"
+TRANSFER_KIND = "kvscope.transfer.kind"  # "cpu_copy" here, "h2d" on CUDA
+PREFILL_TOKENS = "kvscope.prefill.tokens"
+
+# The columns of a run's spans as readers hold them (and as spans.parquet stores them):
+# times are the run's monotonic ns, `attributes` a dict (JSON text in spans.parquet),
+# `service` / `pid` the emitting process's resource (`pid` NO_PID when it has none).
+SPAN_COLUMNS = (
+    "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "request_id",
+    "attributes", "service", "pid",
+)
+NO_PID = -1
