@@ -64,7 +64,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         fallback_gb = float(getattr(config, "max_local_disk_size", 0.0) or 0.0)
         self.settings: DiskConfig = from_extra_config(getattr(config, "extra_config", None),
                                                       fallback_gb)
-        if getattr(config, "local_disk", None):
+        if getattr(config, "local_disk", None) and not self.settings.write_only:
             logger.warning("LMCache local_disk is set too: the stock LocalDiskBackend also "
                            "stores every chunk; set only kvscope.path for kvscope alone")
         self.path = self.settings.path
@@ -120,9 +120,9 @@ class ParallelDiskBackend(StoragePluginInterface):
         logger.info("kvscope disk: reads start at lookup, up to %d MiB ahead", budget >> 20)
         return prefetcher
 
-    # -- lookups ---------------------------------------------------------------------------
+    # -- lookups (none hit in a write-only tier) ---------------------------------------------
     def contains(self, key: Hashable, pin: bool = False) -> bool:
-        hit = self._index.prefix([key], pin) == 1
+        hit = not self.settings.write_only and self._index.prefix([key], pin) == 1
         self._stats.add(lookup_hits=int(hit), lookup_misses=int(not hit))
         if hit and pin and self._prefetch is not None:
             self._prefetch.on_lookup([key])
@@ -132,7 +132,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         """Leading hits; a pinning lookup (the scheduler's, via LMCache's lookup server)
         starts their reads when ``prefetch_on_lookup`` is on."""
         keys = list(keys)
-        hits = self._index.prefix(keys, pin)
+        hits = 0 if self.settings.write_only else self._index.prefix(keys, pin)
         self._stats.add(lookup_hits=hits, lookup_misses=int(hits < len(keys)))
         if hits and pin and self._prefetch is not None:
             self._prefetch.on_lookup(keys[:hits])
@@ -140,7 +140,7 @@ class ParallelDiskBackend(StoragePluginInterface):
 
     async def batched_async_contains(self, lookup_id: str, keys: List[Hashable],
                                      pin: bool = False) -> int:
-        hits = self._index.prefix(list(keys), pin)
+        hits = 0 if self.settings.write_only else self._index.prefix(list(keys), pin)
         self._stats.add(lookup_hits=hits, lookup_misses=int(hits < len(keys)))
         return hits
 

@@ -87,6 +87,9 @@ class DiskConfig:
     prefetch_timeout_s: float = DEFAULT_PREFETCH_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     write_queue_bytes: int = DEFAULT_WRITE_QUEUE_BYTES
+    # Stores only, serves no lookup: a second tier writing this format for later servers
+    # (the study's shared warm phase) without ever standing in for the tier under study.
+    write_only: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -109,6 +112,9 @@ class DiskConfig:
             raise ValueError(f"{PREFIX}read_delay_ms: {self.read_delay_ms} must be >= 0")
         if self.write_threads < 1:
             raise ValueError(f"{PREFIX}write_threads: {self.write_threads} must be >= 1")
+        if self.prefetch_on_lookup and self.write_only:
+            raise ValueError(f"{PREFIX}prefetch_on_lookup: a {PREFIX}write_only tier serves no "
+                             "lookups, so it reads nothing ahead")
         if self.prefetch_on_lookup and self.mode == "serial":
             raise ValueError(f"{PREFIX}prefetch_on_lookup: reads ahead need {PREFIX}mode "
                              "'parallel'; serial mode reads one chunk at a time")
@@ -171,6 +177,7 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
             raise ValueError(f"{PREFIX}{name}: {value!r} is not {kind}") from None
 
     mode = str(extra.get(PREFIX + "mode", "parallel"))
+    write_only = _parse_bool(PREFIX + "write_only", extra.get(PREFIX + "write_only", False))
     return DiskConfig(
         path=str(path),
         capacity=capacity,
@@ -185,9 +192,10 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         hugepages=_parse_bool(PREFIX + "hugepages", extra.get(PREFIX + "hugepages", True)),
         prefetch_on_lookup=_parse_bool(PREFIX + "prefetch_on_lookup",
                                        extra.get(PREFIX + "prefetch_on_lookup",
-                                                 mode == "parallel")),
+                                                 mode == "parallel" and not write_only)),
         prefetch_bytes=size("prefetch_bytes", DEFAULT_PREFETCH_BYTES),
         prefetch_timeout_s=number("prefetch_timeout_s", DEFAULT_PREFETCH_TIMEOUT_S, float),
         read_timeout_s=number("read_timeout_s", DEFAULT_READ_TIMEOUT_S, float),
         write_queue_bytes=size("write_queue_bytes", DEFAULT_WRITE_QUEUE_BYTES),
+        write_only=write_only,
     )
