@@ -1,9 +1,11 @@
 """The serial-vs-parallel study behind `kvscope demo`: one run per backend profile, analysed,
 compared, and summed up in a headline table beside one device ceiling per disk for the study.
 
-Profiles whose backend shares a chunk format share one warm phase (`plan`); every run measures
-the ceiling before its first cold phase and the study again after its last, and the best of all
-of them is the ceiling every run is judged against (`record`).
+One warm phase serves the whole study where it can (`plan`): the stock profile's server also
+stores kvscope's chunk format through a write-only tier, and the kvscope profiles run their cold
+phases in new servers on those files. Every run measures the ceiling before its first cold phase
+and the study again after its last, and the best of all of them is the ceiling every run is
+judged against (`record`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class Step:
     phases: list[str]
     kv_dir: Path
     warm_from: str | None  # the earlier profile whose warm phase stored this run's chunks
+    copy_dir: Path | None = None  # its warm phase also stores kvscope's chunk format there
+
+    def dirs(self) -> set[Path]:
+        return {self.kv_dir} | ({self.copy_dir} if self.copy_dir else set())
 
 
 def warm_group(profile: str) -> str | None:
@@ -70,21 +76,30 @@ def warm_group(profile: str) -> str | None:
 
 
 def plan(opts: StudyOptions) -> list[Step]:
-    """The study's runs in order: the first profile of each warm group warms, the others of the
-    group run their cold phases on its chunk files (the page cache dropped before each)."""
+    """The study's runs in order. With a stock profile (no warm group) and kvscope ones, the
+    first stock profile runs first and its warm phase also stores kvscope's format (a write-only
+    tier: stock's own tier serves every stock hit); the first warm group's profiles then run
+    only their cold phases, each in a new server on those files (the page cache dropped before
+    each). Otherwise the first profile of each warm group warms and the rest of it reuse its
+    chunk files."""
     base = opts.kv_dir_base or Path("/var/tmp/kvscope") / f"kv-{opts.out.name}"
-    warmed: dict[str, Step] = {}
+    groups = {p: warm_group(p) if opts.share_warm else None for p in opts.profiles}
+    hosted = next((g for g in groups.values() if g is not None), None)
+    host = next((p for p, g in groups.items() if g is None), None) if hosted else None
+    stored: dict[str, tuple[str, Path]] = {}  # warm group: (the profile that warms, where)
     steps = []
-    for profile in opts.profiles:
-        group = warm_group(profile) if opts.share_warm else None
-        if group is not None and group in warmed:
-            first = warmed[group]
-            steps.append(Step(profile, ["cold"], first.kv_dir, first.profile))
+    if host is not None:
+        steps.append(Step(host, ["warm", "cold"], base / f"kv-{host}", None, base / "kv-shared"))
+        stored[hosted] = (host, base / "kv-shared")
+    for profile in (p for p in opts.profiles if p != host):
+        group = groups[profile]
+        if group in stored:
+            source, kv_dir = stored[group]
+            steps.append(Step(profile, ["cold"], kv_dir, source))
             continue
-        step = Step(profile, ["warm", "cold"], base / f"kv-{profile}", None)
+        steps.append(Step(profile, ["warm", "cold"], base / f"kv-{profile}", None))
         if group is not None:
-            warmed[group] = step
-        steps.append(step)
+            stored[group] = (profile, base / f"kv-{profile}")
     return steps
 
 
@@ -103,21 +118,25 @@ def run_study(opts: StudyOptions) -> dict[str, Path]:
                 out=opts.out / step.profile, model=opts.model, profile=step.profile,
                 requests=opts.requests, concurrency=opts.concurrency,
                 prompt_tokens=opts.prompt_tokens, port=opts.port, command=opts.command,
-                phases=step.phases, kv_dir=step.kv_dir, keep_kv=True, **extra,
+                phases=step.phases, kv_dir=step.kv_dir, copy_kv_dir=step.copy_dir,
+                keep_kv=True, **extra,
             ))
             runs[step.profile] = run
             after[step.profile] = ceiling.measure(step.kv_dir, when="after the last cold phase")
-            if all(later.kv_dir != step.kv_dir for later in steps[i + 1:]):
-                shutil.rmtree(step.kv_dir, ignore_errors=True)
+            later = set().union(*(s.dirs() for s in steps[i + 1:]))
+            for done in step.dirs() - later:
+                shutil.rmtree(done, ignore_errors=True)
     finally:
         for step in steps:
-            shutil.rmtree(step.kv_dir, ignore_errors=True)
+            for done in step.dirs():
+                shutil.rmtree(done, ignore_errors=True)
         if opts.kv_dir_base is None:  # the study's own parent directory, now empty
             for parent in {s.kv_dir.parent for s in steps}:
                 try:
                     parent.rmdir()
                 except OSError:
                     pass
+    runs = {p: runs[p] for p in opts.profiles if p in runs}  # the order asked for
     record(opts.out, runs, steps, after)
     for run in runs.values():
         outputs.analyze(run)
@@ -317,10 +336,17 @@ def ceiling_lines(runs: dict[str, Path]) -> list[str]:
 
 
 def warm_lines(runs: dict[str, Path]) -> list[str]:
-    return [f"- `{p}` read the chunk files stored by the warm phase of `{src}` (same chunk "
-            "format; a new server, page cache dropped before each cold phase)"
-            for p, r in runs.items()
-            if (src := (rundir.read_manifest(r).get("study") or {}).get("warm_phase_from"))]
+    lines = []
+    for profile, run in runs.items():
+        source = (rundir.read_manifest(run).get("study") or {}).get("warm_phase_from")
+        if not source:
+            continue
+        copied = source in runs and rundir.read_manifest(runs[source]).get("copy")
+        how = ("by a write-only kvscope tier beside its own, which served every one of its hits"
+               if copied else "(same chunk format)")
+        lines.append(f"- `{profile}` read the chunk files stored in the warm phase of "
+                     f"`{source}` {how}; a new server, page cache dropped before each cold phase")
+    return lines
 
 
 def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Path:
@@ -434,5 +460,7 @@ def estimate_words(opts: StudyOptions, gflops: float, native: bool) -> str:
     warm = sum("warm" in s.phases for s in plan(opts))
     return (f"estimate: {sum(parts.values()) / 60:.1f} min after set-up on an idle machine ("
             + ", ".join(f"{k} {v / 60:.1f} min" for k, v in parts.items())
-            + f"); {len(plan(opts))} runs, {warm} warm phases; calibration: fp32 GEMM "
-            f"{gflops:.0f} GFLOP/s, bf16 {'native' if native else 'not native (no AVX512-BF16/AMX): the warm prefills dominate'}")
+            + f"); {len(plan(opts))} runs, {warm} warm phase{'' if warm == 1 else 's'}; "
+            f"calibration: fp32 GEMM {gflops:.0f} GFLOP/s, bf16 "
+            + ("native" if native else "not native (no AVX512-BF16/AMX): linear layers in "
+               "fp32, same products (patched_backend/fp32_gemm.py)"))

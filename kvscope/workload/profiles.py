@@ -83,6 +83,19 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+def with_kvscope_copy(config: dict[str, Any], copy_dir: Path) -> dict[str, Any]:
+    """`config` plus a write-only kvscope tier on copy_dir, listed after the config's own
+    tiers: it stores every chunk in kvscope's format for a later kvscope server and answers no
+    lookup, so the config's own tier serves every hit (the study's shared warm phase)."""
+    from patched_backend.parallel_disk.profile import lmcache_settings
+
+    if config.get("storage_plugins"):
+        raise ValueError("a kvscope copy goes beside LMCache's own disk tier, not a plugin's")
+    tier = lmcache_settings(copy_dir, mode="serial", write_only=True, hugepages=False)
+    return {**config, **tier,
+            "extra_config": {**(config.get("extra_config") or {}), **tier["extra_config"]}}
+
+
 def register(profile: Profile) -> None:
     """Add a profile (the parallel-read backend registers `kvscope` and `kvscope-serial`)."""
     PROFILES[profile.name] = profile

@@ -50,6 +50,7 @@ class RunOptions:
     phases: list[str] = field(default_factory=lambda: ["warm", "cold"])
     warm_concurrency: int = 1
     kv_dir: Path | None = None
+    copy_kv_dir: Path | None = None  # a write-only kvscope tier there stores every chunk too
     keep_kv: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
@@ -116,7 +117,7 @@ def _kv_cache_gib(opts: RunOptions, spec: twins.TwinSpec) -> int:
 
 
 def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
-              kv_dir: Path, model_dir: Path, offset: clock.ClockOffset) -> dict:
+              lmcache: dict, kv_dir: Path, model_dir: Path, offset: clock.ClockOffset) -> dict:
     return {
         "run_id": opts.out.name,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
@@ -130,7 +131,8 @@ def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
             "max_model_len": opts.prompt_tokens + opts.max_tokens,
         },
         "backend": {"profile": profile.name, "summary": profile.summary,
-                    "lmcache": profile.lmcache_config(kv_dir), "disk_path": str(kv_dir)},
+                    "lmcache": lmcache, "disk_path": str(kv_dir),
+                    "copy_disk_path": str(opts.copy_kv_dir) if opts.copy_kv_dir else None},
         "workload": {
             "num_requests": opts.requests, "concurrency": opts.concurrency,
             "prompt_tokens": opts.prompt_tokens,
@@ -179,12 +181,23 @@ class LiveRun:
     run: Path
     server: VLLMServer
     kv_dir: Path
+    copy_dir: Path | None  # the write-only kvscope tier's directory, when the run has one
     device: str
     prompts: list[list[int]]
     expected_chunks: int
     max_tokens: int
     observers: list[PhaseObserver]
     client_tracer: Any = None  # tracer.client.ClientTracer when tracing is on
+
+
+def wait_for_copy(live: "LiveRun") -> None:
+    """Let the write-only tier finish its writes (none may run beside a cold phase, and the
+    server's stop would lose them); record how many chunks it holds."""
+    if live.copy_dir is not None:
+        copied = wait_for_stores(live.copy_dir, live.expected_chunks)
+        rundir.update_manifest(live.run, "copy", {"disk_path": str(live.copy_dir),
+                                                  "chunks_on_disk": copied,
+                                                  "chunks_expected": live.expected_chunks})
 
 
 def record_ceiling(run: Path, kv_dir: Path, expected: int) -> None:
@@ -253,15 +266,20 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
     kv = RunKVDir.prepare(opts.kv_dir, opts.out.name)
     kv_dir = kv.path
     system.check_writable_dir(kv_dir)
+    copy = RunKVDir.prepare(opts.copy_kv_dir, opts.out.name) if opts.copy_kv_dir else None
+    lmcache = profile.lmcache_config(kv_dir)
+    if copy is not None:
+        lmcache = profiles.with_kvscope_copy(lmcache, copy.path)
     offset = clock.measure_offset()
-    run = rundir.create(opts.out, _manifest(opts, spec, profile, kv_dir, model_dir, offset))
+    run = rundir.create(opts.out, _manifest(opts, spec, profile, lmcache, kv_dir, model_dir,
+                                            offset))
     tracing = _start_tracing(run, opts, offset)
     prompt_ids = prompts.make_prompts(opts.requests, opts.prompt_tokens, vocab_size=spec.vocab_size,
                                  seed=opts.seed, shared_prefix_tokens=opts.shared_prefix_tokens)
     config = ServerConfig(
         model_dir=model_dir, served_name=spec.name, port=opts.port, host=opts.host,
         max_model_len=opts.prompt_tokens + opts.max_tokens,
-        kv_cache_gib=_kv_cache_gib(opts, spec), lmcache=profile.lmcache_config(kv_dir),
+        kv_cache_gib=_kv_cache_gib(opts, spec), lmcache=lmcache,
         kv_transfer=profiles.KV_TRANSFER_CONFIG, log_path=run / rundir.SERVER_LOG,
         extra_env={"KVSCOPE_CLOCK_OFFSET_NS": str(offset.offset_ns),
                    **(tracing.server_env() if tracing else {}), **opts.extra_env},
@@ -279,20 +297,24 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                 watching.insert(0, ProbeObserver(device))
             if tracing is not None:
                 watching.append(tracing)
-            live = LiveRun(run, server, kv_dir, device, prompt_ids, expected_chunks(prompt_ids),
-                           opts.max_tokens, watching,
+            live = LiveRun(run, server, kv_dir, copy.path if copy else None, device,
+                           prompt_ids, expected_chunks(prompt_ids), opts.max_tokens, watching,
                            tracing.client if tracing else None)
             for index, phase in enumerate(phases):
                 if phase.kind == "cold" and all(p.kind != "cold" for p in phases[:index]):
+                    wait_for_copy(live)
                     record_ceiling(run, kv_dir, live.expected_chunks)
                 done.append(run_phase(live, phase))
                 rundir.update_manifest(run, "phases", done)
             if opts.keep_kv:
                 # vLLM kills its worker at shutdown: writes still queued would be lost.
                 wait_for_stores(kv_dir, live.expected_chunks)
+                wait_for_copy(live)
     finally:
         if tracing is not None:
             tracing.close()
         if not opts.keep_kv:
             kv.cleanup()
+            if copy is not None:
+                copy.cleanup()
     return run

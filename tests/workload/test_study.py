@@ -112,18 +112,43 @@ def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(thr
     assert percents and max(percents) <= 100, said
 
 
-def test_profiles_of_one_chunk_format_share_one_warm_phase(tmp_path):
+def test_the_stock_run_warms_for_the_whole_study(tmp_path):
     opts = study.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
-    steps = {s.profile: s for s in study.plan(opts)}
-    assert steps[study.BASELINE].phases == ["warm", "cold"]
-    assert steps[study.CANDIDATE].phases == ["cold"]
-    assert steps[study.CANDIDATE].warm_from == study.BASELINE
-    assert steps[study.CANDIDATE].kv_dir == steps[study.BASELINE].kv_dir
-    assert steps["stock"].phases == ["warm", "cold"] and steps["stock"].warm_from is None
-    assert steps["stock"].kv_dir != steps[study.BASELINE].kv_dir
+    steps = study.plan(opts)
+    assert [s.profile for s in steps] == ["stock", study.BASELINE, study.CANDIDATE]
+    stock, serial, parallel = steps
+    assert stock.phases == ["warm", "cold"] and stock.warm_from is None
+    assert stock.copy_dir is not None and stock.copy_dir != stock.kv_dir
+    for step in (serial, parallel):  # cold only, each in its own server, on the copy
+        assert step.phases == ["cold"] and step.warm_from == "stock"
+        assert step.kv_dir == stock.copy_dir and step.copy_dir is None
     assert study.warm_group("stock") is None
+    assert study.warm_group(study.BASELINE) == study.warm_group(study.CANDIDATE) is not None
     apart = study.plan(study.StudyOptions(out=tmp_path / "s", share_warm=False))
-    assert all(s.phases == ["warm", "cold"] for s in apart)
+    assert all(s.phases == ["warm", "cold"] and s.copy_dir is None for s in apart)
+    assert [s.profile for s in apart] == opts.profiles
+
+
+def test_without_a_stock_profile_the_first_of_a_chunk_format_warms(tmp_path):
+    opts = study.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv",
+                              profiles=[study.BASELINE, study.CANDIDATE])
+    serial, parallel = study.plan(opts)
+    assert serial.phases == ["warm", "cold"] and serial.copy_dir is None
+    assert parallel.phases == ["cold"] and parallel.warm_from == study.BASELINE
+    assert parallel.kv_dir == serial.kv_dir
+
+
+def test_the_copy_tier_is_write_only_and_after_stocks_own(tmp_path):
+    from kvscope.workload import profiles
+
+    config = profiles.with_kvscope_copy(profiles.get("stock").lmcache_config(tmp_path / "a"),
+                                        tmp_path / "b")
+    assert config["local_disk"] == f"file://{tmp_path / 'a'}"
+    assert config["storage_plugins"] == ["kvscope"]
+    extra = config["extra_config"]
+    assert extra["kvscope.path"] == str(tmp_path / "b") and extra["kvscope.write_only"] is True
+    with pytest.raises(ValueError):
+        profiles.with_kvscope_copy(profiles.get(study.BASELINE).lmcache_config(tmp_path), tmp_path)
 
 
 def test_headline_throughput_columns_are_the_phase_rates(runs):
@@ -151,31 +176,37 @@ def test_the_estimate_counts_one_warm_phase_per_chunk_format_and_bf16_support(tm
     apart = study.estimate(study.StudyOptions(out=tmp_path, share_warm=False), 50.0, False)
     prefill_s = study.prefill_flops(twins.get("qwen2.5-32b"), 1024) / (
         50e9 * study.PREFILL_EFFICIENCY)
-    assert shared["warm phases"] == pytest.approx(2 * 16 * prefill_s)
+    assert shared["warm phases"] == pytest.approx(16 * prefill_s)
     assert apart["warm phases"] == pytest.approx(3 * 16 * prefill_s)
     native = study.estimate(study.StudyOptions(out=tmp_path), gflops=50.0, native=True)
     assert native["warm phases"] == pytest.approx(shared["warm phases"] / study.BF16_NATIVE_SPEEDUP)
     words = study.estimate_words(study.StudyOptions(out=tmp_path), 50.0, False)
-    assert words.startswith("estimate: ") and "2 warm phases" in words and "not native" in words
+    assert words.startswith("estimate: ") and "1 warm phase" in words and "not native" in words
 
 
 @pytest.mark.live
 @pytest.mark.root
 def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(tmp_path,
                                                                                free_port):
-    """kvscope-serial warms; kvscope, a new server on the same chunk files, runs cold only. Both
-    cold phases read every full chunk back from the disk (page cache dropped first)."""
+    """stock warms (its server also stores kvscope's format, write-only); kvscope-serial, a new
+    server on those files, runs cold only. Both cold phases read every full chunk back from the
+    disk (page cache dropped first), stock's through its own tier only."""
+    import pandas as pd
+
     requests, prompt_tokens, chunks_per_prompt = 4, 600, 2  # two full 256-token chunks each
     opts = study.StudyOptions(out=tmp_path / "study", model="tiny",
-                              profiles=[study.BASELINE, study.CANDIDATE], requests=requests,
+                              profiles=[study.BASELINE, "stock"], requests=requests,
                               concurrency=[2], prompt_tokens=prompt_tokens, port=free_port,
                               kv_dir_base=tmp_path / "kv")
     runs = study.run_study(opts)
-    serial, parallel = (rundir.read_manifest(runs[p]) for p in (study.BASELINE, study.CANDIDATE))
-    assert [p["name"] for p in serial["phases"]] == ["warm", "cold"]
-    assert [p["name"] for p in parallel["phases"]] == ["cold"]  # no warm phase of its own
-    assert parallel["study"]["warm_phase_from"] == study.BASELINE
-    assert serial["study"]["warm_phase_from"] is None
+    assert list(runs) == [study.BASELINE, "stock"]  # the order asked for, not the run order
+    serial, stock = (rundir.read_manifest(runs[p]) for p in (study.BASELINE, "stock"))
+    assert [p["name"] for p in stock["phases"]] == ["warm", "cold"]
+    assert [p["name"] for p in serial["phases"]] == ["cold"]  # no warm phase of its own
+    assert serial["study"]["warm_phase_from"] == "stock"
+    assert stock["study"]["warm_phase_from"] is None
+    assert stock["copy"]["chunks_on_disk"] == requests * chunks_per_prompt
+    assert stock["backend"]["lmcache"]["extra_config"]["kvscope.write_only"] is True
     chunk_bytes = serial["model"]["kv_bytes_per_chunk"]
     for profile, run in runs.items():
         manifest = rundir.read_manifest(run)
@@ -188,10 +219,15 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
         io = rundir.read_table(run, "block_io")
         cold_reads = io[(io["phase"] == "cold") & (io["op"] == "R")]
         assert cold_reads["bytes"].sum() >= requests * chunks_per_prompt * chunk_bytes, profile
+    spans = pd.read_parquet(runs["stock"] / "spans.parquet")
+    reads = [json.loads(a) for a in spans.loc[spans["name"] == "kvscope.storage.read",
+                                              "attributes"]]
+    assert {r["kvscope.storage.backend"] for r in reads} == {"lmcache-local-disk"}
+    assert sum(r["kvscope.storage.chunks"] for r in reads) == requests * chunks_per_prompt
     ceilings = json.loads((opts.out / "study.json").read_text())["device_ceilings"]
     assert len(ceilings) == 1
     [best] = ceilings.values()
-    assert serial["study"]["device_ceiling"] == parallel["study"]["device_ceiling"] == best
+    assert serial["study"]["device_ceiling"] == stock["study"]["device_ceiling"] == best
     assert {s["when"] for s in best["samples"]} == {"before the first cold phase",
                                                     "after the last cold phase"}
     assert not (tmp_path / "kv").exists() or not any((tmp_path / "kv").iterdir())
