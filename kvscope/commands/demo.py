@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope import study
+    from kvscope import estimate, study
     from kvscope.workload.server import ServerError
     from kvscope.workload.system import HostError
 
@@ -56,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
         command=sys.argv)
     started = time.monotonic()
     try:
-        print(f"kvscope demo: {study.estimate_words(opts, study.fp32_gflops(), study.bf16_native())}",
-              flush=True)
+        said = estimate.words(opts, estimate.fp32_gflops(), estimate.bf16_native(),
+                              os.getloadavg()[0], os.cpu_count() or 1)
+        print(f"kvscope demo: {said}", flush=True)
         runs = study.run_study(opts)
     except (ValueError, HostError, ServerError, FileExistsError) as e:
         print(f"kvscope demo: error: {e}", file=sys.stderr)

