@@ -73,14 +73,16 @@ class Harness:
         self.backend = self.manager.storage_backends["kvscope"]
         self.layers = layers
 
-    def put(self, indices: list[int], tokens: int = CHUNK, flush: bool = True) -> None:
+    def put(self, indices: list[int], tokens: int = CHUNK, flush: bool = True,
+            location: str | None = "kvscope") -> None:
+        """Store chunks ``indices`` in ``location`` (None: every backend, as LMCache's store)."""
         objs = []
         for i in indices:
             data = kv_tensor(i, layers=self.layers, tokens=tokens)
             obj = self.manager.allocate(data.shape, data.dtype)
             obj.tensor.copy_(data)
             objs.append(obj)
-        self.manager.batched_put([key(i) for i in indices], objs, location="kvscope")
+        self.manager.batched_put([key(i) for i in indices], objs, location=location)
         if flush:
             assert self.backend.flush(timeout=60)
 

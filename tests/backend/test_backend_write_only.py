@@ -3,24 +3,26 @@
 every put lands in both formats, every lookup and read is the stock tier's, and a later
 server on the kvscope directory finds and reads every chunk. Real StorageManager, real files."""
 
+# Standard
+import time
+
 # Third Party
 import pytest
 
 # First Party
-from backend_support import assert_exact, key, kv_tensor
+from backend_support import assert_exact, key
 
 CHUNKS = [0, 1, 2]
 
 
-def _put_everywhere(h, indices):
-    """As LMCache's store does: one batched_put to every backend."""
-    objs = []
-    for i in indices:
-        data = kv_tensor(i)
-        obj = h.manager.allocate(data.shape, data.dtype)
-        obj.tensor.copy_(data)
-        objs.append(obj)
-    h.manager.batched_put([key(i) for i in indices], objs)
+def _stock_holds_all(h, keys, timeout_s: float = 30.0) -> tuple[int, dict]:
+    """The stock tier indexes a chunk once its (asynchronous) write is done."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        hits, where = h.manager.batched_contains(keys)
+        if hits == len(keys) or time.monotonic() > deadline:
+            return hits, where
+        time.sleep(0.05)
 
 
 def test_write_only_tier_stores_beside_stock_and_serves_nothing(harness, tmp_path):
@@ -29,12 +31,11 @@ def test_write_only_tier_stores_beside_stock_and_serves_nothing(harness, tmp_pat
     h = harness(copy_dir, local_disk=f"file://{stock_dir}", max_local_disk_size=1,
                 **{"kvscope.write_only": True, "kvscope.mode": "serial"})
     assert list(h.manager.storage_backends)[-1] == "kvscope"  # after the stock tier
-    _put_everywhere(h, CHUNKS)
-    assert h.backend.flush(timeout=60)
+    h.put(CHUNKS, location=None)  # as LMCache's store: every backend
     assert h.backend.stats()["stores"] == len(CHUNKS)
     keys = [key(i) for i in CHUNKS]
     assert h.backend.batched_contains(keys, pin=True) == 0 and not h.backend.contains(keys[0])
-    hits, where = h.manager.batched_contains(keys)
+    hits, where = _stock_holds_all(h, keys)
     assert hits == len(CHUNKS) and list(where) == ["LocalDiskBackend"]
     assert_exact(h.manager.batched_get(keys, location="LocalDiskBackend"), CHUNKS)
     h.close()
