@@ -1,33 +1,43 @@
 """Dashboard render benchmark and screenshot tool, in real headless Chromium.
 
   python bench/dashboard_render.py                      # 10k-request synthetic run: timings
+  python bench/dashboard_render.py --baseline 312df7d   # ... side by side with that revision
   python bench/dashboard_render.py --requests 2000      # a smaller synthetic run
   python bench/dashboard_render.py --screenshot docs/img/dashboard.png runs/serial runs/parallel
 
-Timings: app load (from the runs' analysis outputs, as after `kvscope analyze`; and without
-them, analysing at start), first render (navigation until every graph has
-drawn its data and the waterfall shows the slowest request), and request-selection latency
-(a click on the breakdown plot until the waterfall shows the clicked request), the latter next
-to the same callback called in-process, so the gap is transport + drawing.
+Timings: app load (from the runs' analysis outputs, as after `kvscope analyze`, next to a copy
+of the runs without them, analysed at start), first render (navigation until every graph has
+drawn its data and the waterfall shows the slowest request), and a click on a request (pointer
+already over it, hover settled: click until the waterfall shows the clicked request), next to
+the same callback called in-process. With --baseline REV the same page measurements run on
+`kvscope dashboard` of that revision (from `git archive`, in its own server and browser),
+alternating with this tree's, so both see the same machine load.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from dashboards import callbacks, data, ids  # noqa: E402
 from dashboards.app import build_app  # noqa: E402
 from dashboards.browser import chromium_options  # noqa: E402
 
-PORT = 8077
+PORT = 8077  # this tree's app; the baseline's is PORT + 1
 GRAPHS = 4  # breakdown, concurrency, percentiles, waterfall, device (>= 4 drawn)
 # True once every graph on the page has drawn data and the waterfall names a request.
 RENDERED_JS = f"""
@@ -41,6 +51,16 @@ const title = document.querySelector('#{ids.WATERFALL_GRAPH} .gtitle');
 return title !== null && title.textContent !== arguments[0];
 """
 TITLE_JS = f"return document.querySelector('#{ids.WATERFALL_GRAPH} .gtitle').textContent;"
+HOVER_SETTLE_S = 0.5  # after pointing at a request, before the click: its hover has drawn
+
+
+@dataclass
+class Page:
+    """One app under test, in its own headless Chromium (a background tab would be throttled)."""
+
+    name: str
+    url: str
+    driver: Any
 
 
 def wait_until(driver, script: str, *args, timeout_s: float = 60.0) -> float:
@@ -63,29 +83,55 @@ def serve(app):
     return runner, f"http://127.0.0.1:{PORT}/"
 
 
-def first_render(driver, url: str) -> float:
+def serve_revision(rev: str, runs: list[Path], root: Path) -> tuple[subprocess.Popen, str]:
+    """`kvscope dashboard` of git revision `rev` (its tree from `git archive`) on PORT + 1."""
+    tree = root / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    url = f"http://127.0.0.1:{PORT + 1}/"
+    log = root / "baseline.log"  # a file, not a pipe: werkzeug logs every request
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvscope.cli", "dashboard", *map(str, runs), "--port", str(PORT + 1)],
+            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=out, stderr=out)
+    deadline = time.monotonic() + 300  # it may analyse the runs at start
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{rev}'s dashboard exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(f"{rev}'s dashboard did not answer on {url} in 300 s")
+
+
+def first_render(page: Page) -> float:
     """Seconds from navigation until every view has drawn."""
     start = time.perf_counter()
-    driver.get(url)
-    wait_until(driver, RENDERED_JS)
+    page.driver.get(page.url)
+    wait_until(page.driver, RENDERED_JS)
     return time.perf_counter() - start
 
 
-def click_latencies(driver, clicks: int) -> list[float]:
-    """Click along the breakdown plot; seconds until the waterfall shows another request."""
+def click(page: Page, fraction: float) -> float:
+    """Point at the request `fraction` along the breakdown plot, let its hover draw, then
+    click: seconds until the waterfall shows another request."""
     from selenium.webdriver.common.action_chains import ActionChains
 
-    area = driver.find_element("css selector", f"#{ids.BREAKDOWN_GRAPH} .nsewdrag")
-    width, height = area.size["width"], area.size["height"]
-    out = []
-    for i in range(clicks):  # selenium 4.2: offsets from the element's top-left corner
-        before = driver.execute_script(TITLE_JS)
-        x = int(width * (0.2 + 0.75 * i / max(clicks - 1, 1)))  # rank 0 is already shown
-        start = time.perf_counter()
-        ActionChains(driver).move_to_element_with_offset(area, x, height // 2).click().perform()
-        wait_until(driver, TITLE_CHANGED_JS, before, timeout_s=30)
-        out.append(time.perf_counter() - start)
-    return out
+    area = page.driver.find_element("css selector", f"#{ids.BREAKDOWN_GRAPH} .nsewdrag")
+    before = page.driver.execute_script(TITLE_JS)
+    # selenium 4.2: offsets from the element's top-left corner; duration 0: no 250 ms glide
+    ActionChains(page.driver, duration=0).move_to_element_with_offset(
+        area, int(area.size["width"] * fraction), area.size["height"] // 2).perform()
+    time.sleep(HOVER_SETTLE_S)
+    start = time.perf_counter()
+    ActionChains(page.driver, duration=0).click().perform()
+    wait_until(page.driver, TITLE_CHANGED_JS, before, timeout_s=30)
+    return time.perf_counter() - start
 
 
 def in_process_callback(app_runs, keys: list[str]) -> list[float]:
@@ -121,45 +167,89 @@ def synthetic(requests: int, root: Path) -> list[Path]:
     return [run]
 
 
-def bench(args: argparse.Namespace, runs: list[Path]) -> None:
-    """Print app load, first render and request-selection latencies for `runs`."""
+def timed_load(runs: list[Path]) -> tuple[float, dict[str, data.RunData]]:
+    """Seconds to load the runs and lay out the app, and the loaded runs."""
+    start = time.perf_counter()
+    loaded = data.load_runs(runs)
+    build_app(loaded)
+    return time.perf_counter() - start, loaded
+
+
+def without_outputs(runs: list[Path], root: Path) -> list[Path]:
+    """Copies of the runs without their analysis outputs: what the app analyses at start."""
+    from analysis import outputs
+
+    skip = shutil.ignore_patterns(outputs.ATTRIBUTION_FILE, outputs.SUMMARY_FILE, outputs.SPANS_FILE)
+    return [Path(shutil.copytree(run, root / "no-outputs" / f"{i}" / run.name, ignore=skip))
+            for i, run in enumerate(runs)]
+
+
+def _median_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f} ms"
+
+
+def _side_by_side(what: str, times: dict[str, list[float]], fmt=_median_ms) -> None:
+    """One line: the median per page, and this tree's over the baseline's when there is one."""
+    cells = [f"{name} {fmt(t)}" for name, t in times.items()]
+    ratio = ""
+    if len(times) == 2:
+        ours, base = (statistics.median(t) for t in times.values())
+        ratio = f" ({ours / base:.2f}x)"
+    print(f"{what}: {', '.join(cells)}{ratio}")
+
+
+def bench(args: argparse.Namespace, runs: list[Path], root: Path) -> None:
+    """Print app load, first render and click latencies for `runs`, beside the baseline's."""
     from selenium import webdriver
 
     from analysis import outputs
 
-    current = all(outputs.load_current(r) is not None for r in runs)
-    start = time.perf_counter()
-    loaded = data.load_runs(runs)
-    app = build_app(loaded)
-    load_s = time.perf_counter() - start
+    if not all(outputs.load_current(r) is not None for r in runs):
+        print("note: the runs' analysis outputs are missing or stale; run `kvscope analyze` first")
+    load_s, loaded = timed_load(runs)
+    analysing_s, _ = timed_load(without_outputs(runs, root))
     n = sum(len(rd.attribution) for rd in loaded.values())
     print(f"runs: {', '.join(map(str, runs))} ({n} requests)")
-    print(f"app load ({'from the analysis outputs' if current else 'analysing at start: no current outputs'}"
-          f" + layout): {load_s:.2f} s")
-    runner, url = serve(app)
-    driver = webdriver.Chrome(options=chromium_options(args.width, 1000))
+    print(f"app load (+ layout): from the analysis outputs {load_s:.2f} s, analysing at start "
+          f"{analysing_s:.2f} s ({load_s / analysing_s:.2f}x)")
+    runner, url = serve(build_app(loaded))
+    servers = [("this tree", url)]
+    baseline = None
+    if args.baseline:
+        baseline, base_url = serve_revision(args.baseline, runs, root)
+        servers.append((args.baseline, base_url))
+    pages = [Page(name, u, webdriver.Chrome(options=chromium_options(args.width, 1000)))
+             for name, u in servers]
     try:
-        first_render(driver, url)  # Chromium's own first start and cache warm-up
-        renders = [first_render(driver, url) for _ in range(args.repeat)]
-        clicks = click_latencies(driver, args.clicks)
-        logs = driver.get_log("browser")
+        for page in pages:
+            first_render(page)  # Chromium's own first start and cache warm-up
+        renders = {p.name: [] for p in pages}
+        for _ in range(args.repeat):
+            for page in pages:
+                renders[page.name].append(first_render(page))
+        clicks = {p.name: [] for p in pages}
+        for i in range(args.clicks):  # rank 0 is already shown
+            for page in pages:
+                clicks[page.name].append(click(page, 0.2 + 0.75 * i / max(args.clicks - 1, 1)))
+        errors = {p.name: len([e for e in p.driver.get_log("browser") if e["level"] == "SEVERE"])
+                  for p in pages}
     finally:
-        driver.quit()
+        for page in pages:
+            page.driver.quit()
         runner.stop()
+        if baseline:
+            baseline.terminate()
+            baseline.wait(timeout=30)
     keys = list(next(iter(loaded.values())).attribution["key"].sample(args.clicks, random_state=1))
-    calls = in_process_callback(loaded, keys)
-    print(f"first render (navigation -> every view drawn), median of {args.repeat}: "
-          f"{statistics.median(renders):.2f} s (target <= 2 s; all: "
-          f"{', '.join(f'{r:.2f}' for r in renders)})")
-    print(f"request selection (click -> waterfall redrawn), median of {len(clicks)}: "
-          f"{statistics.median(clicks) * 1000:.0f} ms")
-    print(f"  of which the callback in-process (select + build figure), median: "
-          f"{statistics.median(calls) * 1000:.0f} ms "
-          f"(ratio browser/in-process {statistics.median(clicks) / statistics.median(calls):.1f}x)")
-    print(f"browser console errors: {len([e for e in logs if e['level'] == 'SEVERE'])}")
+    _side_by_side(f"first render (navigation -> every view drawn), median of {args.repeat}",
+                  renders, lambda t: f"{statistics.median(t):.2f} s")
+    _side_by_side(f"click on a request -> its waterfall drawn, median of {args.clicks}", clicks)
+    print(f"  this tree's callback in-process (select + build figure), median: "
+          f"{_median_ms(in_process_callback(loaded, keys))}")
+    print("browser console errors: " + ", ".join(f"{k} {v}" for k, v in errors.items()))
 
 
-def shoot(args: argparse.Namespace, runs: list[Path]) -> None:
+def shoot(args: argparse.Namespace, runs: list[Path], _root: Path) -> None:
     from selenium import webdriver
 
     runner, url = serve(build_app(data.load_runs(runs)))
@@ -178,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path,
                         help="run directories (default: a synthetic run of --requests)")
     parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure this git revision's dashboard, alternating with this tree's")
     parser.add_argument("--screenshot", type=Path, help="save a full-page PNG here instead")
     parser.add_argument("--width", type=int, default=1500, help="browser width in px")
     parser.add_argument("--repeat", type=int, default=5, help="first renders to time")
@@ -186,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or synthetic(args.requests, Path(tmp))
         try:
-            (shoot if args.screenshot else bench)(args, runs)
+            (shoot if args.screenshot else bench)(args, runs, Path(tmp))
         except data.DashboardError as e:
             print(f"dashboard_render: {e}", file=sys.stderr)
             return 2
