@@ -57,11 +57,16 @@ MARGIN = {"l": 60, "r": 20, "t": 90, "b": 50}
 
 @functools.cache
 def style_json() -> dict:
-    """The look of `_style` as plain layout JSON, for figures built without plotly objects."""
+    """The look of `_style` as plain layout JSON, for figures built without plotly objects
+    (the click path): the template's layout only, automargin off, so the caller sizes the
+    margins. Per-trace defaults for every trace type and automargin's second layout pass were
+    most of a click's redraw (bench/dashboard_render.py)."""
     import plotly.io as pio
 
-    return {"template": pio.templates[PLOT_TEMPLATE].to_plotly_json(), "legend": LEGEND,
-            "margin": MARGIN}
+    layout = pio.templates[PLOT_TEMPLATE].layout.to_plotly_json()
+    for axis in ("xaxis", "yaxis"):  # the template's axes are every x and y axis's defaults
+        layout[axis] = {**layout[axis], "automargin": False}
+    return {"template": {"layout": layout}, "legend": LEGEND, "margin": MARGIN}
 
 
 def _style(fig: go.Figure, title: str) -> go.Figure:

@@ -30,6 +30,7 @@ SPAN_COLORS = {
 }
 IO_COLORS = {"I/O queued": "#fdd0a2", "I/O on device": "#7f2704"}
 DEVICE_BINS = 600  # points per time series: about one per pixel of a wide plot
+LABEL_PX = 7  # width of a lane label's character at Plotly's 12 px font: the left margin
 
 
 def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -115,13 +116,15 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
                    "color": "#555555"}, "fill": "tozeroy", "name": "device in-flight",
                    "hovertemplate": "%{y} in flight at %{x:.2f} ms<extra></extra>",
                    "xaxis": "x2", "yaxis": "y2"}
+    lanes = span_lanes + io_lanes
     layout = {
         **style_json(), "title": {"text": title, "x": 0.01, "xanchor": "left"}, "barmode": "overlay",
-        "height": max(380, 26 * len(span_lanes + io_lanes) + 200),
+        "margin": {**style_json()["margin"], "l": max(60, LABEL_PX * max(map(len, lanes)) + 16)},
+        "height": max(380, 26 * len(lanes) + 200),
         "xaxis": {"anchor": "y", "matches": "x2", "showticklabels": False, "domain": [0, 1]},
         "xaxis2": {"anchor": "y2", "title": {"text": "ms since arrival"}, "domain": [0, 1]},
         "yaxis": {"anchor": "x", "domain": [0.2655, 1.0], "categoryorder": "array",
-                  "categoryarray": list(reversed(span_lanes + io_lanes))},
+                  "categoryarray": list(reversed(lanes))},
         "yaxis2": {"anchor": "x2", "domain": [0.0, 0.2145], "title": {"text": "in flight"},
                    "rangemode": "tozero"},
     }

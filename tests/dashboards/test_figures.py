@@ -139,6 +139,20 @@ def test_waterfall_puts_spans_and_ios_on_ms_since_arrival():
     assert list(lane.y) == [1, 2, 1]  # the level carried in at arrival comes first
 
 
+def test_waterfall_json_is_slim_and_sizes_its_own_margins():
+    """What a click sends: no per-trace template defaults and no automargin (a second layout
+    pass on every redraw), so the left margin must fit the longest lane label itself."""
+    spans, io, depth, arrival = waterfall_inputs()
+    layout = timeline.waterfall(spans, io, depth, arrival_ns=arrival,
+                                first_token_ns=arrival + 20_000_000, title="r1")["layout"]
+    assert set(layout["template"]) == {"layout"}
+    axes = [layout["template"]["layout"][a] for a in ("xaxis", "yaxis")]
+    axes += [layout[a] for a in ("xaxis", "yaxis", "xaxis2", "yaxis2")]
+    assert not any(axis.get("automargin") for axis in axes)
+    longest = max(map(len, layout["yaxis"]["categoryarray"]))  # "storage.read #2"
+    assert longest == 15 and layout["margin"]["l"] >= timeline.LABEL_PX * longest
+
+
 def test_waterfall_shows_span_names_as_text():
     spans, io, depth, arrival = waterfall_inputs()
     spans.loc[1, "name"] = "<img src=x onerror=alert(1)>"
