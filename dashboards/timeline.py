@@ -30,6 +30,7 @@ SPAN_COLORS = {
 }
 IO_COLORS = {"I/O queued": "#fdd0a2", "I/O on device": "#7f2704"}
 DEVICE_BINS = 600  # points per time series: about one per pixel of a wide plot
+IO_LINE_PX = 14  # an I/O segment's thickness: a bar in its 26 px lane
 LABEL_PX = 7  # width of a lane label's character at Plotly's 12 px font: the left margin
 
 
@@ -47,15 +48,12 @@ def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def _bar(name: str, y: list[str], base: np.ndarray, x: np.ndarray, color: str, group: str,
-         hovertemplate: str, hovertext: list[str] | None = None) -> dict:
+         hovertemplate: str) -> dict:
     """A horizontal bar trace as plain JSON (no plotly validation: a click redraws at once)."""
-    trace = {"type": "bar", "orientation": "h", "name": name, "y": list(y),
-             "base": np.asarray(base, dtype=float).tolist(), "x": np.asarray(x, dtype=float).tolist(),
-             "marker": {"color": color}, "legendgroup": group, "hovertemplate": hovertemplate,
-             "xaxis": "x", "yaxis": "y"}
-    if hovertext is not None:
-        trace["hovertext"] = hovertext
-    return trace
+    return {"type": "bar", "orientation": "h", "name": name, "y": list(y),
+            "base": np.asarray(base, dtype=float).tolist(), "x": np.asarray(x, dtype=float).tolist(),
+            "marker": {"color": color}, "legendgroup": group, "hovertemplate": hovertemplate,
+            "xaxis": "x", "yaxis": "y"}
 
 
 def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[str]]:
@@ -74,19 +72,35 @@ def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[s
     return bars, list(lanes)
 
 
-def _io_bars(io: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[str]]:
+def _segments(name: str, lanes: list[str], start_ms: np.ndarray, end_ms: np.ndarray,
+              hover: list[str]) -> dict:
+    """Intervals as one trace of line segments (start, end, gap), thick as a bar: one SVG path
+    for all of a request's I/Os, where bars are an element each (most of a click's redraw)."""
+    def spaced(first, second) -> list:
+        out = [None] * (3 * len(lanes))
+        out[0::3], out[1::3] = first, second
+        return out
+
+    return {"type": "scatter", "mode": "lines", "name": name, "legendgroup": "io",
+            "x": spaced(start_ms.tolist(), end_ms.tolist()), "y": spaced(lanes, lanes),
+            "hovertext": spaced(hover, hover), "hovertemplate": f"{name}<br>%{{hovertext}}<extra></extra>",
+            "line": {"color": IO_COLORS[name], "width": IO_LINE_PX}, "xaxis": "x", "yaxis": "y"}
+
+
+def _io_segments(io: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[str]]:
     if io.empty:
         return [], []
     lane = _lanes(io["start_ns"].to_numpy(), io["complete_ns"].to_numpy())
     names = [f"I/O lane {k + 1}" for k in lane]
-    hover = [text(f"{op} {b // 1024} KiB tid {t}") for op, b, t in zip(io["op"], io["bytes"], io["tid"])]
-    bars = [_bar(name, names, (io[start] - arrival_ns).to_numpy() / 1e6,
-                 (io[end] - io[start]).to_numpy() / 1e6, IO_COLORS[name], "io",
-                 f"{name}<br>%{{hovertext}}<br>start %{{base:.2f}} ms<br>%{{x:.3f}} ms<extra></extra>",
-                 hover)
-            for name, start, end in (("I/O queued", "start_ns", "issue_ns"),
-                                     ("I/O on device", "issue_ns", "complete_ns"))]
-    return bars, list(dict.fromkeys(sorted(names, key=lambda s: int(s.rsplit(" ", 1)[1]))))
+    what = [text(f"{op} {b // 1024} KiB tid {t}") for op, b, t in zip(io["op"], io["bytes"], io["tid"])]
+    traces = []
+    for name, start, end in (("I/O queued", "start_ns", "issue_ns"),
+                             ("I/O on device", "issue_ns", "complete_ns")):
+        start_ms = (io[start] - arrival_ns).to_numpy() / 1e6
+        end_ms = (io[end] - arrival_ns).to_numpy() / 1e6
+        hover = [f"{w}<br>start {s:.2f} ms<br>{e - s:.3f} ms" for w, s, e in zip(what, start_ms, end_ms)]
+        traces.append(_segments(name, names, start_ms, end_ms, hover))
+    return traces, list(dict.fromkeys(sorted(names, key=lambda s: int(s.rsplit(" ", 1)[1]))))
 
 
 def _depth_in_window(depth: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
@@ -108,7 +122,7 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
     if spans.empty and io.empty:
         return empty(f"{title}: no spans and no block I/Os recorded for this request").to_plotly_json()
     span_bars, span_lanes = _span_bars(spans, arrival_ns)
-    io_bars, io_lanes = _io_bars(io, arrival_ns)
+    io_bars, io_lanes = _io_segments(io, arrival_ns)
     end_ns = max([first_token_ns, *spans["end_ns"], *io["complete_ns"]])
     lane = _depth_in_window(depth, arrival_ns, end_ns)
     depth_trace = {"type": "scatter", "x": ((lane["ts_ns"] - arrival_ns) / 1e6).tolist(),
@@ -119,7 +133,10 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
     lanes = span_lanes + io_lanes
     layout = {
         **style_json(), "title": {"text": title, "x": 0.01, "xanchor": "left"}, "barmode": "overlay",
-        "margin": {**style_json()["margin"], "l": max(60, LABEL_PX * max(map(len, lanes)) + 16)},
+        # no legend: the lanes name the spans (the page says which I/O colour is which), and a
+        # legend pushes the margins, a second layout pass on every click
+        "showlegend": False, "margin": {"l": max(60, LABEL_PX * max(map(len, lanes)) + 16),
+                                        "r": 20, "t": 60, "b": 50},
         "height": max(380, 26 * len(lanes) + 200),
         "xaxis": {"anchor": "y", "matches": "x2", "showticklabels": False, "domain": [0, 1]},
         "xaxis2": {"anchor": "y2", "title": {"text": "ms since arrival"}, "domain": [0, 1]},

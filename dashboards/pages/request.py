@@ -18,5 +18,7 @@ def layout(options: list[dict[str, str]]) -> html.Section:
                      className="dropdown wide"),
         html.Div(className="request-meta", children=[
             html.Div(id=ids.REQUEST_DETAILS), html.Div(id=ids.JAEGER_LINK)]),
+        html.P("I/O lanes: light while queued in the block layer, dark while on the device.",
+               className="hint"),
         dcc.Graph(id=ids.WATERFALL_GRAPH, config={"displaylogo": False}),  # height: the figure's
     ])

@@ -131,21 +131,23 @@ def test_waterfall_puts_spans_and_ios_on_ms_since_arrival():
     assert list(reads.y) == ["storage.read", "storage.read #2"]
     assert list(reads.base) == pytest.approx([2.0, 9.0])
     assert list(reads.x) == pytest.approx([6.0, 2.0])
-    device = next(t for t in fig.data if t.name == "I/O on device")
-    assert list(device.y) == ["I/O lane 1", "I/O lane 2", "I/O lane 1"]  # overlap -> own lane
-    assert list(device.x) == pytest.approx([1.8, 2.4, 0.8])
+    device = next(t for t in fig.data if t.name == "I/O on device")  # segments: start, end, gap
+    assert list(device.y) == ["I/O lane 1"] * 2 + [None] + ["I/O lane 2"] * 2 + [None] + [
+        "I/O lane 1"] * 2 + [None]  # overlap -> own lane
+    assert list(device.x) == pytest.approx([3.2, 5.0, None, 3.6, 6.0, None, 7.1, 7.9, None])
+    assert device.mode == "lines" and "1.800 ms" in device.hovertext[0]
     lane = next(t for t in fig.data if t.name == "device in-flight")
     assert list(lane.x) == pytest.approx([0.0, 3.2, 5.0])
     assert list(lane.y) == [1, 2, 1]  # the level carried in at arrival comes first
 
 
 def test_waterfall_json_is_slim_and_sizes_its_own_margins():
-    """What a click sends: no per-trace template defaults and no automargin (a second layout
-    pass on every redraw), so the left margin must fit the longest lane label itself."""
+    """What a click sends: no per-trace template defaults, no automargin and no legend (each a
+    second layout pass on every redraw), so the left margin must fit the longest lane label."""
     spans, io, depth, arrival = waterfall_inputs()
     layout = timeline.waterfall(spans, io, depth, arrival_ns=arrival,
                                 first_token_ns=arrival + 20_000_000, title="r1")["layout"]
-    assert set(layout["template"]) == {"layout"}
+    assert set(layout["template"]) == {"layout"} and layout["showlegend"] is False
     axes = [layout["template"]["layout"][a] for a in ("xaxis", "yaxis")]
     axes += [layout[a] for a in ("xaxis", "yaxis", "xaxis2", "yaxis2")]
     assert not any(axis.get("automargin") for axis in axes)
