@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import wrapt
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger, whose handler prints in every vLLM process (the root logger has none).
+logger = logging.getLogger("vllm.kvscope.fp32_gemm")
 ENV = "KVSCOPE_FP32_GEMM"
 _DISPATCH_MODULE = "vllm.model_executor.layers.utils"
 
