@@ -7,9 +7,9 @@ Public API (the dashboard and the kvscope commands use only these):
     synthetic.make_run(path, ...)  a complete synthetic run with known components
 """
 
-from analysis.attribution import COLUMNS, COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute
-from analysis.run import Run, load_run
-from analysis.summary import summarize
+from kvscope.analysis.attribution import COLUMNS, COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute
+from kvscope.analysis.run import Run, load_run
+from kvscope.analysis.summary import summarize
 
 __all__ = ["COLUMNS", "COMPONENTS", "DEFAULT_PRIORITY", "STORAGE_PARTS", "Run", "attribute",
            "load_run", "summarize"]

@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import throughput
-from analysis.compare import PARTS, STATS, rows
+from kvscope.analysis import throughput
+from kvscope.analysis.compare import PARTS, STATS, rows
 
 METRICS = ("reduction", "speedup", "throughput_ratio", "share")
 EXAMPLE = Path(__file__).with_name("gates") / "seeds-g3.json"

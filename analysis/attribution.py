@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import batch, blockjoin, diagnostics, server_requests, sweep
-from analysis.run import Run
-from tracer import semconv
+from kvscope.analysis import batch, blockjoin, diagnostics, server_requests, sweep
+from kvscope.analysis.run import Run
+from kvscope.contract import semconv
 
 COMPONENTS = ("queueing", "kv_lookup", "storage_read", "transfer", "prefill", "other")
 STORAGE_PARTS = ("storage_device_queue", "storage_device_service", "storage_software")

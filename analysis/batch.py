@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis import sweep
-from analysis.otlp import NO_PID
-from tracer import semconv
+from kvscope.analysis import sweep
+from kvscope.contract.semconv import NO_PID
+from kvscope.contract import semconv
 
 WORKER_LABEL = {
     semconv.SPAN_PREFILL: "prefill", semconv.SPAN_KV_TRANSFER: "transfer",

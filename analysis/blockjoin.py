@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tracer import semconv
+from kvscope.contract import semconv
 
 JOINED_COLUMNS = ("key", "start_ns", "issue_ns", "complete_ns", "bytes", "ambiguous")
 

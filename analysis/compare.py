@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.attribution import COMPONENTS, STORAGE_PARTS
+from kvscope.analysis.attribution import COMPONENTS, STORAGE_PARTS
 
 PARTS = ("ttft", *COMPONENTS, *STORAGE_PARTS)
 STATS = {"p50": lambda a: np.median(a, axis=1), "p90": lambda a: np.percentile(a, 90, axis=1),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracer import semconv
+from kvscope.contract import semconv
 
 
 @dataclass(frozen=True)

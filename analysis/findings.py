@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.run import Run
+from kvscope.analysis.run import Run
 
 Finding = dict[str, str]
 SHARE_NOTABLE = 0.30  # a component above this share of TTFT gets a finding
@@ -183,7 +183,7 @@ def _storage_bound(run: Run, attribution: pd.DataFrame, summary: dict) -> list[F
 
 def _read_path(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
     """Where each cold phase's read bandwidth went (analysis.readpath), when reads matter."""
-    from analysis import readpath
+    from kvscope.analysis import readpath
 
     notable = {g["phase"] for g in summary["groups"]
                if (g["share_of_ttft"]["storage_read"] or 0) > SHARE_NOTABLE}
@@ -193,10 +193,13 @@ def _read_path(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Findi
 
 def _disk_backend(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
     """Chunk files the kvscope backend refused, and reads ahead no load claimed, per phase
-    (manifest.tracer.disk_backend_by_phase: cumulative counters at each phase's end)."""
+    (manifest.disk_backend.by_phase: cumulative counters at each phase's end; runs made before
+    the backend wrote its own section had them in manifest.tracer.disk_backend_by_phase)."""
     found: list[Finding] = []
     before: dict[str, Any] = {}
-    for phase, now in run.manifest.get("tracer", {}).get("disk_backend_by_phase", {}).items():
+    by_phase = (run.manifest.get("disk_backend", {}).get("by_phase")
+                or run.manifest.get("tracer", {}).get("disk_backend_by_phase", {}))
+    for phase, now in by_phase.items():
         def grew(name: str) -> int:
             return int(now.get(name, 0)) - int(before.get(name, 0))
 

@@ -14,7 +14,7 @@ from xml.etree import ElementTree
 
 import pandas as pd
 
-from analysis.compare import PARTS, STATS, rows
+from kvscope.analysis.compare import PARTS, STATS, rows
 
 DEFAULT_TOLERANCE = 0.10
 DEFAULT_SLACK_S = 0.001

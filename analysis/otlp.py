@@ -16,13 +16,8 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 
-from tracer import semconv
-
-SPAN_COLUMNS = (
-    "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "request_id",
-    "attributes", "service", "pid",
-)
-NO_PID = -1  # `pid` of a span whose resource carries no process.pid
+from kvscope.contract import semconv
+from kvscope.contract.semconv import NO_PID, SPAN_COLUMNS
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 

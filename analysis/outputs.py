@@ -16,11 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import report
-from analysis.attribution import attribute
-from analysis.run import Run, load_run
-from analysis.summary import ANALYSIS_VERSION, summarize
-from kvscope import rundir
+from kvscope.analysis import report
+from kvscope.analysis.attribution import attribute
+from kvscope.analysis.run import Run, load_run
+from kvscope.analysis.summary import ANALYSIS_VERSION, summarize
+from kvscope.contract import rundir
 
 ATTRIBUTION_FILE = "attribution.parquet"
 SUMMARY_FILE = "summary.json"

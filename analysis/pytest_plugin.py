@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from analysis import gate, outputs
+from kvscope.analysis import gate, outputs
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

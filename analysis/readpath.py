@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracer import semconv
+from kvscope.contract import semconv
 
 BACK_TO_BACK_NS = 20_000_000  # a reader's next read within this was waiting on the reader, not on work
 IDLE_CAUSES = {"transfer": semconv.SPAN_KV_TRANSFER, "prefill": semconv.SPAN_PREFILL}

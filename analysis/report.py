@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
+from kvscope.analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
 
 
 def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Path:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import otlp, server_requests
-from kvscope import rundir
-from kvscope.rundir import empty_table
+from kvscope.analysis import otlp, server_requests
+from kvscope.contract import rundir
+from kvscope.contract.rundir import empty_table
 
 _WHY_MISSING = {
     "block_io": "storage read cannot be split into device queue / service / software",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracer import semconv
+from kvscope.contract import semconv
 
 CLIENT, SERVER = "client", "server"  # values of the `window` column
 RECORDED_PHASE = "recorded"  # a request outside every phase of the manifest

@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import device, findings, readpath, throughput
-from analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
-from analysis.run import Run
+from kvscope.analysis import device, findings, readpath, throughput
+from kvscope.analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
+from kvscope.analysis.run import Run
 
 # 2: batch-aware (waiting on the same worker's other requests); 3: throughput per phase, queue
 # depth per phase, the study's device ceiling

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-import analysis
-from analysis import synthetic
+from kvscope import analysis
+from kvscope.testkit import synthetic
 
 
 def _timed(fn, *args):

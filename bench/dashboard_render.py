@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from dashboards import callbacks, data, ids  # noqa: E402
-from dashboards.app import build_app  # noqa: E402
-from dashboards.browser import chromium_options  # noqa: E402
+from kvscope.dashboards import callbacks, data, ids
+from kvscope.dashboards.app import build_app
+from kvscope.dashboards.browser import chromium_options
 
 PORT = 8077  # this tree's app; the baseline's is PORT + 1
 GRAPHS = 4  # breakdown, concurrency, percentiles, waterfall, device (>= 4 drawn)
@@ -159,8 +158,8 @@ def screenshot(driver, url: str, out: Path, width: int) -> None:
 
 def synthetic(requests: int, root: Path) -> list[Path]:
     """A synthetic run, analysed as `kvscope analyze` (or the demo) leaves it."""
-    from analysis import outputs
-    from analysis import synthetic as synth
+    from kvscope.analysis import outputs
+    from kvscope.testkit import synthetic as synth
 
     run = synth.make_run(root / "synthetic", n_requests=requests, seed=7, concurrency=8)
     outputs.analyze(run, plots=False)
@@ -177,7 +176,7 @@ def timed_load(runs: list[Path]) -> tuple[float, dict[str, data.RunData]]:
 
 def without_outputs(runs: list[Path], root: Path) -> list[Path]:
     """Copies of the runs without their analysis outputs: what the app analyses at start."""
-    from analysis import outputs
+    from kvscope.analysis import outputs
 
     skip = shutil.ignore_patterns(outputs.ATTRIBUTION_FILE, outputs.SUMMARY_FILE, outputs.SPANS_FILE)
     return [Path(shutil.copytree(run, root / "no-outputs" / f"{i}" / run.name, ignore=skip))
@@ -202,7 +201,7 @@ def bench(args: argparse.Namespace, runs: list[Path], root: Path) -> None:
     """Print app load, first render and click latencies for `runs`, beside the baseline's."""
     from selenium import webdriver
 
-    from analysis import outputs
+    from kvscope.analysis import outputs
 
     if not all(outputs.load_current(r) is not None for r in runs):
         print("note: the runs' analysis outputs are missing or stale; run `kvscope analyze` first")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvscope import rundir
+from kvscope.contract import rundir
 from kvscope.workload.runner import RunOptions, execute
 
 

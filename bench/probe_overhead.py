@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from probes.aggregate import AggregateProbe
-from probes.block import BlockProbe, disk_holding
-from probes.block_bpf import BlockOptions
-from probes.fio import FioReads
-from probes.sampler import InflightSampler
-from probes.session import AGGREGATE_DEPTH_INTERVAL_S
+from kvscope.probes.aggregate import AggregateProbe
+from kvscope.probes.block import BlockProbe, disk_holding
+from kvscope.probes.block_bpf import BlockOptions
+from kvscope.probes.fio import FioReads
+from kvscope.probes.sampler import InflightSampler
+from kvscope.probes.session import AGGREGATE_DEPTH_INTERVAL_S
 
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 WORKLOADS = {"4k": (4096, 32), "4m": (4 << 20, 4)}  # bytes per read, iodepth

@@ -32,12 +32,11 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# First Party
-from read_path_stores import ChunkSet, Store  # noqa: E402
+# First Party (read_path_stores sits beside this script, on sys.path as the script's folder)
+from read_path_stores import ChunkSet, Store
 
-from kvscope.ceiling import read_files  # noqa: E402
-from kvscope.workload.system import drop_page_cache  # noqa: E402
+from kvscope.ceiling import read_files
+from kvscope.workload.system import drop_page_cache
 
 SETS = {
     "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),
@@ -45,7 +44,7 @@ SETS = {
 }
 SWEEP = [("1MiB", 32), ("1MiB", 64), ("4MiB", 8), ("4MiB", 16), ("8MiB", 16)]
 PLUGIN = {
-    "storage_plugin.kvscope.module_path": "patched_backend.parallel_disk.backend",
+    "storage_plugin.kvscope.module_path": "kvscope.patched_backend.parallel_disk.backend",
     "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
 }
 

@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace, profile: str) -> pd.DataFrame:
     _kvscope_run(args, profile, out / "cold", "--phases", "cold",
                  "--concurrency", args.concurrency, "--kv-dir", str(kv_dir))  # removes kv_dir
     # First Party
-    from kvscope import rundir
+    from kvscope.contract import rundir
 
     requests = rundir.read_table(out / "cold", "requests")
     cold = requests.assign(profile=profile)

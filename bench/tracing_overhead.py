@@ -24,21 +24,19 @@ import contextlib
 import functools
 import os
 import socket
-import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
 
-import analysis
-from kvscope import rundir
+from kvscope import analysis
+from kvscope.contract import rundir
 from kvscope.workload import runner
 from kvscope.workload.runner import RunOptions, execute
 from kvscope.workload.server import ServerConfig, ServerError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "tracer"))
-from tracer_testkit import start_receiver  # noqa: E402  (the tests' real OTLP/gRPC receiver)
+from kvscope.analysis.otlp import read_span_files
+from kvscope.record.otlp_receiver import OtlpListener
 
 SAMPLED_1PCT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                 "OTEL_TRACES_SAMPLER_ARG": "0.01"}
@@ -140,19 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or "off" not in variants:
         p.error(f"--variants: {unknown} unknown; choose from {', '.join(VARIANTS)} with off")
-    receiver, server, port = start_receiver()
     frames = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
+        collected = Path(tmp) / "collector"  # a real OTLP/gRPC receiver (kvscope record's)
+        listener = OtlpListener("127.0.0.1:0", collected)
+        try:
             for i in range(args.repeats):
                 for variant in variants:
                     frames.append(_one(Path(tmp) / f"r{i}-{variant}", variant, args,
-                                       f"http://127.0.0.1:{port}"))
-    finally:
-        server.stop(grace=None)
+                                       f"http://127.0.0.1:{listener.port}"))
+        finally:
+            listener.stop()
+        received, _ = read_span_files(sorted(collected.glob("*.json")), 0)
     print(f"{args.model} twin, concurrency {args.concurrency}, {args.requests} requests per "
           f"phase, {args.repeats} runs per variant, in turn; vLLM's own llm_request spans "
-          f"received: {sum(s.name == 'llm_request' for s in receiver.spans())}")
+          f"received: {int((received['name'] == 'llm_request').sum())}")
     _report(pd.concat(frames, ignore_index=True), variants)
     return 0
 

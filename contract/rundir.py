@@ -1,4 +1,4 @@
-"""The run directory, schema v2: its layout, its tables' schemas, and how to read and write it.
+"""The run directory, schema v3: its layout, its tables' schemas, and how to read and write it.
 
 Producers (workload driver, tracer, probes) write it; analysis and dashboards only read it.
 docs/run-directory.md explains every field; TABLES below is the machine-checked part of it:
@@ -21,10 +21,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # v2 adds to v1 only (tables io_histograms / io_totals, manifest sections server / recording,
-# runs whose requests come from server spans), so a v1 run reads as it always did.
-READABLE_VERSIONS = (1, 2)
+# runs whose requests come from server spans), so a v1 run reads as it always did; v3 moves the
+# disk backend's counters from manifest.tracer to manifest.disk_backend (readers try both).
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 SPANS_DIR = "spans"
 SERVER_LOG = "server.log"
@@ -53,6 +54,8 @@ def _schema(**columns: pa.DataType) -> pa.Schema:
 
 
 I, F, S = pa.int64(), pa.float64(), pa.string()
+# io_totals' per-request counters, in the order the aggregate probe's kernel record holds them
+IO_TOTALS_COUNTERS = ("ios", "bytes", "queue_ns", "service_ns", "no_start", "no_issue")
 # All *_ns columns are CLOCK_MONOTONIC nanoseconds of the host; manifest["clock"]["offset_ns"]
 # maps them to epoch. Extra columns (block_io.insert_ns, io_totals' mean depths) are allowed.
 TABLES: dict[str, TableSpec] = {
@@ -73,8 +76,8 @@ TABLES: dict[str, TableSpec] = {
         phase=S, device=S, pid=I, op=S, kind=S, slot=I, lo_us=I, hi_us=I, count=I),
         "probes (aggregate block probe)"),
     "io_totals": TableSpec("io_totals.parquet", _schema(
-        phase=S, device=S, pid=I, op=S, ios=I, bytes=I, queue_ns=I, service_ns=I, no_start=I,
-        no_issue=I, window_ns=I), "probes (aggregate block probe)"),
+        phase=S, device=S, pid=I, op=S, **dict.fromkeys(IO_TOTALS_COUNTERS, I), window_ns=I),
+        "probes (aggregate block probe)"),
 }
 
 

@@ -8,8 +8,8 @@ from typing import Iterable
 
 from dash import Dash, html
 
-from dashboards import callbacks, data
-from dashboards.pages import device, download, overview, request
+from kvscope.dashboards import callbacks, data
+from kvscope.dashboards.pages import device, download, overview, request
 
 ASSETS = Path(__file__).with_name("assets")
 

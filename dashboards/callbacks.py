@@ -14,8 +14,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dcc, html
 
-from dashboards import data, figures, ids, timeline
-from dashboards.data import RunData
+from kvscope.dashboards import data, figures, ids, timeline
+from kvscope.dashboards.data import RunData
 
 TRACE_ID = re.compile(r"[0-9a-f]{32}")
 

@@ -16,8 +16,8 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-import analysis
-from kvscope import rundir
+from kvscope import analysis
+from kvscope.contract import rundir
 
 
 class DashboardError(ValueError):
@@ -83,7 +83,7 @@ def parse_key(key: str) -> tuple[str, str, str]:
 def _load_one(path: Path, label: str) -> RunData:
     """The run from its analysis outputs when they are current (`kvscope analyze` wrote them
     from these very inputs), else read and analysed here."""
-    from analysis import outputs
+    from kvscope.analysis import outputs
 
     try:
         current = outputs.load_current(path) if path.is_dir() else None

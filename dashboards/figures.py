@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from analysis.attribution import COMPONENTS  # in causal order; they sum to ttft_ns
+from kvscope.analysis.attribution import COMPONENTS  # in causal order; they sum to ttft_ns
 
 COLORS = {
     "queueing": "#9e9e9e",

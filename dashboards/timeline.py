@@ -14,7 +14,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboards.figures import COLORS, LABELS, _require, _style, empty, style_json, text
+from kvscope.dashboards.figures import COLORS, LABELS, _require, _style, empty, style_json, text
 
 # Span name (without the `kvscope.` prefix) -> TTFT component colour.
 SPAN_COLORS = {

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvscope import rundir
+from kvscope.contract import rundir
 
 
 def merged_otlp(run: Path) -> dict[str, Any]:

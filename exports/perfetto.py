@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from tracer import semconv
+from kvscope.contract import semconv
 
 COUNTER_PID = 0
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvscope import ceiling, rundir
+from kvscope import ceiling
+from kvscope.contract import rundir
 from kvscope.workload import profiles
 from kvscope.workload.runner import RunOptions, execute
 
@@ -68,7 +69,7 @@ def warm_group(profile: str) -> str | None:
     config = profiles.get(profile).lmcache_config(Path("/nonexistent"))
     if config.get("storage_plugins") != ["kvscope"]:
         return None
-    from patched_backend.parallel_disk import chunkfile
+    from kvscope.patched_backend.parallel_disk import chunkfile
 
     extra = config.get("extra_config") or {}
     return (f"{extra.get('storage_plugin.kvscope.module_path')}."
@@ -106,7 +107,7 @@ def plan(opts: StudyOptions) -> list[Step]:
 def run_study(opts: StudyOptions) -> dict[str, Path]:
     """Run every profile, measure the ceiling again after each, give the study one ceiling per
     device, then analyse each run against it; returns {profile: run directory}."""
-    from analysis import outputs
+    from kvscope.analysis import outputs
 
     steps = plan(opts)
     runs: dict[str, Path] = {}
@@ -193,7 +194,7 @@ def _phase_row(summary: dict, key: str, phase: str) -> dict:
 def headline(runs: dict[str, Path]) -> pd.DataFrame:
     """Per profile and cold phase: TTFT and component percentiles, throughput, read rate
     against the study's one ceiling for the disk (capped at 1: above it, `ceiling_under_by`)."""
-    from analysis.findings import ceiling_of
+    from kvscope.analysis.findings import ceiling_of
 
     rows = []
     for profile, run in runs.items():
@@ -238,7 +239,7 @@ def verdict(table: pd.DataFrame, runs: dict[str, Path] | None = None) -> list[st
 
 
 def _where_reads_went(runs: dict[str, Path] | None, phase: str) -> str:
-    from analysis import readpath
+    from kvscope.analysis import readpath
 
     if not runs or CANDIDATE not in runs:
         return ""
@@ -279,7 +280,7 @@ def _limit(row) -> str:
 
 def comparisons(runs: dict[str, Path]) -> pd.DataFrame:
     """Serial vs parallel per cold phase: TTFT and storage-read speedups with 95 % CIs."""
-    from analysis import compare, outputs
+    from kvscope.analysis import compare, outputs
 
     if BASELINE not in runs or CANDIDATE not in runs:
         return pd.DataFrame()
@@ -299,7 +300,7 @@ def comparisons(runs: dict[str, Path]) -> pd.DataFrame:
 
 def throughput_comparisons(runs: dict[str, Path]) -> pd.DataFrame:
     """Parallel over serial throughput per cold phase and metric, with 95 % bootstrap CIs."""
-    from analysis import throughput
+    from kvscope.analysis import throughput
 
     if BASELINE not in runs or CANDIDATE not in runs:
         return pd.DataFrame()

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-from patched_backend.parallel_disk import layout
+from kvscope.patched_backend.parallel_disk import layout
 
 logger = logging.getLogger(__name__)
 

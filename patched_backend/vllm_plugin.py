@@ -22,11 +22,11 @@ _FACTORY_MODULE = "lmcache.v1.gpu_connector"
 
 
 def register() -> None:
-    from patched_backend import fp32_gemm
+    from kvscope.patched_backend import fp32_gemm
 
     wrapt.register_post_import_hook(_wrap_connector_factory, _FACTORY_MODULE)
     fp32_gemm.register()
-    from tracer.vllm_plugin import warn_if_not_loaded  # imports nothing else
+    from kvscope.tracer.vllm_plugin import warn_if_not_loaded  # imports nothing else
 
     warn_if_not_loaded()
 
@@ -43,7 +43,7 @@ def _wrap_connector_factory(module: ModuleType) -> None:
         except RuntimeError:
             if not _lmcache_lacks_vllm_connector(engine):
                 raise
-        from patched_backend.cpu_connector import CPUPagedKVConnector
+        from kvscope.patched_backend.cpu_connector import CPUPagedKVConnector
 
         logger.info("LMCache has no vLLM connector for CPU; using kvscope's CPU KV connector")
         return CPUPagedKVConnector.from_metadata(metadata)

@@ -19,14 +19,14 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from probes import aggregate_frames, frames
-from probes import tp_btf
-from probes.aggregate_bpf import (LOST_KEYS, MAX_DEVS, NSTATS, PID_BITMAP_WORDS, PROGRAMS,
+from kvscope.probes import aggregate_frames, frames
+from kvscope.probes import tp_btf
+from kvscope.probes.aggregate_bpf import (LOST_KEYS, MAX_DEVS, NSTATS, PID_BITMAP_WORDS, PROGRAMS,
                                   TRACKING_PROGRAMS, AggregateOptions, render)
-from probes.block import bpftool_misses, resolve_device
-from probes.block_bpf import EVENT_DTYPE
-from probes.btf import AGGREGATE_NEEDED, kernel_offsets, kernel_tracepoint_ids
-from probes.collect import RingCollector
+from kvscope.probes.block import bpftool_misses, resolve_device
+from kvscope.probes.block_bpf import EVENT_DTYPE
+from kvscope.probes.btf import AGGREGATE_NEEDED, kernel_offsets, kernel_tracepoint_ids
+from kvscope.probes.collect import RingCollector
 
 # Tracked rows are few (the server's own reads), so the ring buffer is drained 4 times a second
 # (a wake-up costs ~0.05 % of a core here); 4 MiB holds ~43k rows, 170k rows/s between drains.

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from probes.block_bpf import EVENT_C
+from kvscope.contract.rundir import IO_TOTALS_COUNTERS
+from kvscope.probes.block_bpf import EVENT_C
 
 # Operations (REQ_OP_* order: read, write, flush, discard, then every other op).
 OPS = ("R", "W", "F", "D", "O")
@@ -27,7 +28,7 @@ KINDS = ("queue", "service")  # start_time_ns -> io_start_time_ns, io_start_time
 SLOTS = 32  # log2(us) buckets as bcc's bpf_log2l: slot k holds [2^(k-1), 2^k) us, slot 1 also 0
 MAX_DEVS = 64
 # One stats record (u64 counters): per op the scalar counters, then the histograms.
-SCALARS = ("ios", "bytes", "queue_ns", "service_ns", "no_start", "no_issue")
+SCALARS = IO_TOTALS_COUNTERS
 HIST_BASE = len(SCALARS) * len(OPS)
 NSTATS = HIST_BASE + len(OPS) * len(KINDS) * SLOTS
 # The programs and the tracepoints they attach to (tp_btf), in attach order.

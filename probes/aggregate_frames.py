@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from probes.aggregate_bpf import HIST_BASE, KINDS, NSTATS, OPS, SCALARS, SLOTS
+from kvscope.contract.rundir import TABLES
+from kvscope.probes.aggregate_bpf import HIST_BASE, KINDS, NSTATS, OPS, SCALARS, SLOTS
 
 # Counters of one (device, pid) as a (NSTATS,) u64 vector, keyed (device name, pid; -1 = all).
 Counters = dict[tuple[str, int], np.ndarray]
@@ -29,7 +30,7 @@ def histograms_frame(counters: Counters, phase: str) -> pd.DataFrame:
             lo, hi = slot_bounds_us(int(slot))
             rows.append((phase, device, pid, OPS[op_i], KINDS[kind_i], int(slot), lo, hi,
                          int(hist[op_i, kind_i, slot])))
-    columns = ["phase", "device", "pid", "op", "kind", "slot", "lo_us", "hi_us", "count"]
+    columns = TABLES["io_histograms"].columns
     return _typed(pd.DataFrame(rows, columns=columns), ("pid", "slot", "lo_us", "hi_us", "count"))
 
 
@@ -42,8 +43,7 @@ def totals_frame(counters: Counters, phase: str, window_ns: int) -> pd.DataFrame
             values = {name: int(scalars[i, op_i]) for i, name in enumerate(SCALARS)}
             rows.append({"phase": phase, "device": device, "pid": pid, "op": OPS[op_i],
                          **values, "window_ns": window_ns})
-    columns = ["phase", "device", "pid", "op", *SCALARS, "window_ns"]
-    frame = _typed(pd.DataFrame(rows, columns=columns), ("pid", *SCALARS, "window_ns"))
+    frame = _typed(pd.DataFrame(rows, columns=TABLES["io_totals"].columns), ("pid", *SCALARS, "window_ns"))
     frame["mean_service_depth"] = frame["service_ns"] / window_ns if window_ns else np.nan
     frame["mean_queue_depth"] = frame["queue_ns"] / window_ns if window_ns else np.nan
     return frame

@@ -20,10 +20,11 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from probes import frames
-from probes.btf import kernel_offsets
-from probes.block_bpf import BATCH_DTYPE, LOST_KEYS, TWIN, BlockOptions, render
-from probes.collect import RingCollector
+from kvscope.contract.host import whole_disk
+from kvscope.probes import frames
+from kvscope.probes.btf import kernel_offsets
+from kvscope.probes.block_bpf import BATCH_DTYPE, LOST_KEYS, TWIN, BlockOptions, render
+from kvscope.probes.collect import RingCollector
 
 
 @dataclass
@@ -49,15 +50,14 @@ def resolve_device(name: str, sys_root: Path = Path("/sys")) -> int:
 
 
 def disk_holding(path: Path) -> str:
-    """Name of the whole disk under the file system holding `path` (e.g. the KV cache folder)."""
-    st_dev = os.stat(path).st_dev
-    dev = f"{os.major(st_dev)}:{os.minor(st_dev)}"
-    node = Path(f"/sys/dev/block/{dev}")
-    if not node.exists():
-        raise ValueError(f"{path} is not on a block device (its file system is device {dev}, "
-                         f"e.g. tmpfs or overlay); put the data on a disk to probe its reads")
-    node = node.resolve()
-    return node.parent.name if (node / "partition").exists() else node.name
+    """Name of the whole disk under the file system holding `path` (e.g. the KV cache folder);
+    ValueError when there is none to probe."""
+    disk = whole_disk(path)
+    if not disk:
+        raise ValueError(f"{path} is not on a block device (its file system is e.g. tmpfs or "
+                         f"overlay, or it does not exist); put the data on a disk to probe its "
+                         f"reads")
+    return disk
 
 
 class BlockProbe:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.btf import BtfError, kernel_offsets
+from kvscope.probes.btf import BtfError, kernel_offsets
 
 TRACEFS_ROOTS = (Path("/sys/kernel/debug/tracing"), Path("/sys/kernel/tracing"))
 NVME_TRACEPOINTS = ("nvme_setup_cmd", "nvme_complete_rq")

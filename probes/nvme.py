@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probes import frames
-from probes.block import program_ids
-from probes.collect import RingCollector
-from probes.nvme_bpf import COMPLETE, NVME_DTYPE, SETUP, NvmeOptions, render
+from kvscope.contract.rundir import TABLES
+from kvscope.probes import frames
+from kvscope.probes.block import program_ids
+from kvscope.probes.collect import RingCollector
+from kvscope.probes.nvme_bpf import COMPLETE, NVME_DTYPE, SETUP, NvmeOptions, render
 
 CID_TAG_MASK = 0x0FFF
 IO_READ, IO_WRITE = 0x02, 0x01
@@ -99,9 +100,7 @@ def nvme_frame(commands: pd.DataFrame, phase: str, sys_root: Path = Path("/sys")
         transport=commands["ctrl_id"].map(lambda c: kinds.get(int(c), "unknown")),
         bytes=np.where(io, commands["nlb"] * commands["disk"].map(lba), 0).astype("int64"),
     )
-    columns = ["phase", "ctrl_id", "transport", "disk", "qid", "cid", "opcode", "nsid", "bytes",
-               "setup_ns", "complete_ns", "status"]
-    return frame[columns].reset_index(drop=True)
+    return frame[TABLES["nvme_io"].columns].reset_index(drop=True)
 
 
 def nvme_steps(commands: pd.DataFrame, still_open: pd.DataFrame) -> pd.DataFrame:

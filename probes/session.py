@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from kvscope import rundir
-from probes.aggregate import AggregateProbe
-from probes.block import BlockProbe, resolve_device
-from probes.block_bpf import BlockOptions
-from probes.btf import BtfError
-from probes.detect import Fallback, Plan, detect
-from probes.nvme import NvmeProbe
-from probes.sampler import InflightSampler, default_devices
+from kvscope.contract import rundir
+from kvscope.probes.aggregate import AggregateProbe
+from kvscope.probes.block import BlockProbe, resolve_device
+from kvscope.probes.block_bpf import BlockOptions
+from kvscope.probes.btf import BtfError
+from kvscope.probes.detect import Fallback, Plan, detect
+from kvscope.probes.nvme import NvmeProbe
+from kvscope.probes.sampler import InflightSampler, default_devices
 
 log = logging.getLogger("kvscope.probes")
 MODES = ("per-io", "aggregate")

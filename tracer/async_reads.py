@@ -14,7 +14,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from tracer import runtime, semconv, spans
+from kvscope.tracer import runtime, spans
+from kvscope.contract import semconv
 
 LIMIT = 4096  # lookup ids held at most
 

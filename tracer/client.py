@@ -11,8 +11,9 @@ from typing import Any
 
 from opentelemetry import trace
 
-from tracer import semconv, spans
-from tracer.runtime import Runtime
+from kvscope.contract import semconv
+from kvscope.tracer import spans
+from kvscope.tracer.runtime import Runtime
 
 
 class ClientTracer:

@@ -18,10 +18,10 @@ from typing import Callable, Mapping
 
 from opentelemetry.sdk.trace import sampling
 
-from tracer import failsafe
+from kvscope.contract.env import ENV_CLOCK_OFFSET as ENV_OFFSET
+from kvscope.contract.env import ENV_SPANS_DIR
+from kvscope.tracer import failsafe
 
-ENV_SPANS_DIR = "KVSCOPE_SPANS_DIR"
-ENV_OFFSET = "KVSCOPE_CLOCK_OFFSET_NS"
 FILE_FLUSH_MS = 200  # the files' schedule delay, and OTLP's unless OTEL_BSP_SCHEDULE_DELAY is set
 PROTOCOLS = ("grpc", "http/protobuf")
 SAMPLERS: dict[str, Callable[[float], sampling.Sampler]] = {

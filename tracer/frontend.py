@@ -24,7 +24,8 @@ from typing import Any, Mapping
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from tracer import runtime, semconv, spans
+from kvscope.tracer import runtime, spans
+from kvscope.contract import semconv
 
 MAX_OPEN = 8192  # open server spans beyond this are dropped unexported, oldest first
 

@@ -3,7 +3,7 @@
 
 Usage (in each vLLM process; tracer.vllm_plugin does this when KVSCOPE_TRACING=1)::
 
-    from tracer.instrumentor import KvscopeInstrumentor
+    from kvscope.tracer.instrumentor import KvscopeInstrumentor
     KvscopeInstrumentor().instrument()
     ...
     KvscopeInstrumentor().uninstrument()
@@ -29,8 +29,8 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
-from tracer import failsafe, frontend, pipeline, scheduler, storage, worker
-from tracer.package import _instruments
+from kvscope.tracer import failsafe, frontend, pipeline, scheduler, storage, worker
+from kvscope.tracer.package import _instruments
 
 logger = logging.getLogger(__name__)
 _FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"

@@ -34,7 +34,8 @@ from typing import Any, Callable, Iterator
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from tracer import failsafe, semconv
+from kvscope.tracer import failsafe
+from kvscope.contract import semconv
 
 ENV_METRICS_DIR = "KVSCOPE_METRICS_DIR"
 ENV_PROMETHEUS_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
@@ -189,7 +190,7 @@ class MultiprocessFiles(_Publisher):
     def __init__(self, backend_stats: BackendStats = lambda: []) -> None:
         from prometheus_client import Counter, Histogram
 
-        from patched_backend.parallel_disk.stats import COUNTERS
+        from kvscope.contract.counters import DISK_BACKEND_COUNTERS as COUNTERS
 
         self._backend_stats = backend_stats
         self._stages = Histogram(*STAGE_DURATION, ["stage"], buckets=BUCKETS_S, registry=None)
@@ -226,7 +227,7 @@ def _backend_counter(name: str) -> tuple[str, str]:
 
 def _backend_totals(snapshots: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     """(counter, "") and ("refused", reason) summed over every backend of every snapshot."""
-    from patched_backend.parallel_disk.stats import COUNTERS
+    from kvscope.contract.counters import DISK_BACKEND_COUNTERS as COUNTERS
 
     totals: dict[tuple[str, str], float] = {(name, ""): 0 for name in COUNTERS}
     for snapshot in snapshots:

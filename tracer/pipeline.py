@@ -31,15 +31,15 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from tracer import config, failsafe
-from tracer.fileexport import OtlpJsonFileExporter
+from kvscope.tracer import config, failsafe
+from kvscope.tracer.fileexport import OtlpJsonFileExporter
 
 logger = logging.getLogger(__name__)
 
 ENV_SPANS_DIR = config.ENV_SPANS_DIR
 FILE_FLUSH_MS = config.FILE_FLUSH_MS  # a killed worker loses at most this much of its spans
 STATS_DIR = "stats"  # RUN/spans/stats/<prefix>-<pid>.json, never *.json in spans/ itself
-DISK_HOOKS = "patched_backend.parallel_disk.hooks"  # kvscope's disk backend, if this process has it
+DISK_HOOKS = "kvscope.patched_backend.parallel_disk.hooks"  # kvscope's disk backend, if this process has it
 SHUTDOWN_WAIT_S = 3.0  # vLLM SIGKILLs a worker 4 s after SIGTERM: flush, count, write before
 EXIT_PRIORITY = 100  # multiprocessing finalizers with higher priority run first
 
@@ -226,7 +226,6 @@ class Pipeline:
     config: config.TracerConfig
     stats_file: StatsFile | None = None
     processors: dict[str, BoundedProcessor] = field(default_factory=dict)
-    report_disk_backends: bool = False  # the serving processes' pipelines, not the client's
     closed: bool = False
 
     @property
@@ -237,9 +236,7 @@ class Pipeline:
         if self.stats_file is None:
             return
         self.stats_file.write({"exporters": self.exporters, **self.counters.as_dict(),
-                               "closed": self.closed,
-                               "disk_backends": disk_backend_stats()
-                               if self.report_disk_backends else []})
+                               "closed": self.closed})
 
     def flush(self) -> None:
         """Export every queued span now (the phase ended), then write the stats."""
@@ -266,8 +263,8 @@ class Pipeline:
 
 
 def disk_backend_stats() -> list[dict]:
-    """Counters of the kvscope disk backends alive in this process, written with the exporters'
-    so `kvscope run` can report reads, refusals and read-ahead per phase. Imports nothing."""
+    """Counters of the kvscope disk backends alive in this process, for the stage metrics on
+    vLLM's /metrics (the run directory gets them from the backend itself). Imports nothing."""
     hooks = sys.modules.get(DISK_HOOKS)
     if hooks is None:
         return []
@@ -291,17 +288,15 @@ def otlp_exporter(otlp: config.Otlp) -> SpanExporter:
     return HTTPExporter(endpoint=otlp.url(), timeout=otlp.timeout_s)
 
 
-def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None,
-          report_disk_backends: bool = False) -> Pipeline:
-    """A provider exporting where `env` (default os.environ) says; see the module docstring.
-    `report_disk_backends`: also write this process's disk backend counters with the stats."""
+def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) -> Pipeline:
+    """A provider exporting where `env` (default os.environ) says; see the module docstring."""
     failsafe.inject("pipeline.build")
     cfg = config.load(env)
     counters = Counters()
     resource = Resource.create({"service.name": cfg.service_name or service_name,
                                 "process.pid": os.getpid()})
     provider = TracerProvider(resource=resource, sampler=cfg.sampler())
-    pipe = Pipeline(provider, counters, cfg, report_disk_backends=report_disk_backends)
+    pipe = Pipeline(provider, counters, cfg)
     if cfg.spans_dir is not None:
         pipe.stats_file = StatsFile(cfg.spans_dir, prefix)
         files = CountingExporter("file", OtlpJsonFileExporter(cfg.spans_dir, prefix), counters,

@@ -4,8 +4,7 @@
 `RunTracing` is a PhaseObserver: at the end of each phase it exports the client's queued spans,
 waits until the server's processes have written theirs (files every FILE_FLUSH_MS) and until no
 process has spans pending for any exporter (OTLP included; the stats files say), and records
-`manifest.tracer` from the per-process counters in RUN/spans/stats/, with the kvscope disk
-backend's counters as they stood at the end of each phase. After the server stopped, spans a
+`manifest.tracer` from the per-process counters in RUN/spans/stats/. After the server stopped, spans a
 process still had pending are counted as lost, so per exporter
 spans_ended == exported + failed + dropped + lost.
 """
@@ -18,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvscope import rundir
-from patched_backend.parallel_disk.stats import COUNTERS as DISK_COUNTERS
-from tracer import pipeline
-from tracer.client import ClientTracer
-from tracer.runtime import ENV_OFFSET, Runtime
-from tracer.vllm_plugin import ENV_TRACING
+from kvscope.contract import rundir
+from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_TRACING
+from kvscope.tracer import pipeline
+from kvscope.tracer.client import ClientTracer
+from kvscope.tracer.runtime import Runtime
 
 SETTLE_S = 3 * pipeline.FILE_FLUSH_MS / 1000
 SETTLE_TIMEOUT_S = 15.0
@@ -41,38 +39,28 @@ class RunTracing:
         self._pipeline = pipeline.build("kvscope-client", "client", env)
         self.client = ClientTracer(Runtime(self._pipeline, offset_ns))
         self.offset_ns = offset_ns
-        self._phase = ""
-        self._disk_by_phase: dict[str, dict[str, Any]] = {}
 
     def server_env(self) -> dict[str, str]:
         """What the vLLM server needs in its environment to trace into this run."""
         return {ENV_TRACING: "1", pipeline.ENV_SPANS_DIR: str(self.spans_dir),
-                ENV_OFFSET: str(self.offset_ns)}
+                ENV_CLOCK_OFFSET: str(self.offset_ns)}
 
     def start_phase(self, run: Path, phase: str, server: Any) -> None:
-        """Spans carry their own phase (on the client span); only its name is kept."""
-        self._phase = phase
+        """Spans carry their own phase (on the client span): nothing to do."""
 
     def stop_phase(self) -> None:
         self._pipeline.flush()
         wait_for_span_files(self.spans_dir)
         wait_until_drained(self.spans_dir)
-        summary = self.summary()
-        if summary["disk_backend"]:
-            self._disk_by_phase[self._phase] = summary["disk_backend"]
-        rundir.update_manifest(self.run, "tracer", self._with_phases(summary))
+        rundir.update_manifest(self.run, "tracer", self.summary())
 
     def close(self) -> None:
         """After the server stopped: last client spans out, final counts in the manifest."""
         self._pipeline.shutdown()
-        rundir.update_manifest(self.run, "tracer",
-                               self._with_phases(summarize_stats(self.spans_dir, final=True)))
+        rundir.update_manifest(self.run, "tracer", summarize_stats(self.spans_dir, final=True))
 
     def summary(self) -> dict[str, Any]:
         return summarize_stats(self.spans_dir)
-
-    def _with_phases(self, summary: dict[str, Any]) -> dict[str, Any]:
-        return {**summary, "disk_backend_by_phase": dict(self._disk_by_phase)}
 
 
 def disabled_summary() -> dict[str, Any]:
@@ -81,13 +69,12 @@ def disabled_summary() -> dict[str, Any]:
 
 def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
     """manifest.tracer: every process's counters (RUN/spans/stats/*.json) summed, per exporter
-    too, with the kvscope errors by hook and by config variable, and the kvscope disk backends'
-    counters (cumulative since the server started; {} if none ran). `final`: every process has
+    too, with the kvscope errors by hook and by config variable. `final`: every process has
     stopped, so what one still had pending is lost."""
     total: dict[str, Any] = {"enabled": True, "exporters": [], "spans_ended": 0,
                              "spans_exported": {}, "by_exporter": {}, "processes": 0,
                              **{key: 0 for key in pipeline.TOTALS}, "hook_errors": {},
-                             "config_errors": {}, "disk_backend": {}}
+                             "config_errors": {}}
     for stats in read_stats(spans_dir):
         total["processes"] += 1
         total["exporters"] = sorted(set(total["exporters"]) | set(stats.get("exporters", ())))
@@ -97,8 +84,6 @@ def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
         for key in ("hook_errors", "config_errors"):
             for where, count in stats.get(key, {}).items():
                 total[key][where] = total[key].get(where, 0) + int(count)
-        for backend in stats.get("disk_backends", ()):
-            _add_disk_counters(total["disk_backend"], backend)
     return total
 
 
@@ -125,14 +110,6 @@ def _add_exporter_counts(total: dict[str, Any], name: str, counts: dict[str, Any
     total["spans_exported"][name] = mine["exported"]
     for key, field in pipeline.TOTALS.items():
         total[key] += counts[field]
-
-
-def _add_disk_counters(total: dict[str, Any], backend: dict[str, Any]) -> None:
-    for name in DISK_COUNTERS:
-        total[name] = total.get(name, 0) + int(backend.get(name, 0))
-    reasons = total.setdefault("corrupt_by_reason", {})
-    for reason, count in backend.get("corrupt_by_reason", {}).items():
-        reasons[reason] = reasons.get(reason, 0) + int(count)
 
 
 def wait_for_span_files(spans_dir: Path, settle_s: float = SETTLE_S,

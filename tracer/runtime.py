@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 from opentelemetry import trace
 
-from kvscope.clock import measure_offset
-from tracer import config, failsafe, metrics, pipeline
-from tracer.version import __version__
+from kvscope.contract.clock import measure_offset
+from kvscope.tracer import config, failsafe, metrics, pipeline
+from kvscope.tracer.version import __version__
 
-ENV_OFFSET = config.ENV_OFFSET
 SCOPE = "kvscope.tracer"
 BUILD = "pipeline.build"  # where a failed build is counted (failsafe.counts())
 BUILD_FIX = ("tracing is off in this process and vLLM serves as if kvscope were not installed; "
@@ -52,7 +50,7 @@ def get(service_name: str = "kvscope-vllm", prefix: str = "vllm") -> "Runtime | 
 
 def _build(service_name: str, prefix: str) -> "Runtime | None":
     try:
-        pipe = pipeline.build(service_name, prefix, report_disk_backends=True)
+        pipe = pipeline.build(service_name, prefix)
         pipe.provider.add_span_processor(  # stage histograms for vLLM's /metrics
             metrics.stage_metrics(pipeline.disk_backend_stats))
         runtime = Runtime(pipe, clock_offset_ns())
@@ -75,12 +73,6 @@ def _stats_of_failed_build(prefix: str) -> None:
         failsafe.count(BUILD + ".stats", e, fix=BUILD_FIX)
 
 
-def peek() -> "Runtime | None":
-    """This process's Runtime if one was built here, without building one."""
-    runtime = _state.get("runtime")
-    return runtime if isinstance(runtime, Runtime) and runtime.pid == os.getpid() else None
-
-
 def reset() -> None:
     """Forget this process's Runtime or failure (tests)."""
     with _lock:
@@ -98,7 +90,3 @@ class Runtime:
 
     def epoch(self, monotonic_ns: int) -> int:
         return monotonic_ns + self.offset_ns
-
-    @staticmethod
-    def now() -> int:
-        return time.monotonic_ns()

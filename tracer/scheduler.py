@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tracer import runtime, semconv, spans
+from kvscope.tracer import runtime, spans
+from kvscope.contract import semconv
 
 logger = logging.getLogger(__name__)
 PAYLOAD_ATTR = "kvscope_trace"  # {"requests": {vllm id: {"h": headers, "p": prefill tokens}},

@@ -11,8 +11,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from tracer import semconv
-from tracer.runtime import Runtime
+from kvscope.contract import semconv
+from kvscope.tracer.runtime import Runtime
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 # vLLM's engine id: "cmpl-<X-Request-Id>-<n>-<8 hex>" (completions) or "chatcmpl-<id>-<8 hex>".

@@ -14,19 +14,19 @@ backend's own stamps.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 from opentelemetry import context as otel_context
 
-from tracer import async_reads, runtime, semconv, spans
-from tracer.worker import current
+from kvscope.tracer import async_reads, runtime, spans
+from kvscope.contract import semconv
+from kvscope.contract.host import whole_disk
+from kvscope.tracer.worker import current
 
 STOCK_BACKEND = "lmcache-local-disk"
 _in_batch: ContextVar[bool] = ContextVar("kvscope_read_batch", default=False)
@@ -195,12 +195,5 @@ def _parallel_attributes(event: Any, ok_bytes: int, chunks: int, reader_tids: tu
 
 @functools.lru_cache(maxsize=64)
 def device_of(path: str) -> str:
-    """The block device (whole disk, e.g. `vda`, `nvme0n1`) holding `path`, `""` if unknown."""
-    try:
-        st = os.stat(path)
-        sys_dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}").resolve()
-    except OSError:
-        return ""
-    if (sys_dev / "partition").exists():
-        sys_dev = sys_dev.parent
-    return sys_dev.name if sys_dev.exists() else ""
+    """contract.host.whole_disk, remembered: every read batch names its disk."""
+    return whole_disk(path)

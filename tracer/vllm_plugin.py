@@ -14,8 +14,9 @@ import logging
 import multiprocessing
 import os
 
-ENV_TRACING = "KVSCOPE_TRACING"
-PLUGIN = "kvscope_tracing"  # this plugin's entry-point name (pyproject.toml)
+from kvscope.contract.env import ENV_TRACING
+from kvscope.contract.env import TRACING_PLUGIN as PLUGIN  # this plugin's entry-point name
+
 logger = logging.getLogger(__name__)
 
 
@@ -32,7 +33,7 @@ def register() -> None:
         logger.warning("kvscope tracing: off in pid %d: %s=%r is neither 1 nor 0; set %s=1 to "
                        "trace", os.getpid(), ENV_TRACING, value, ENV_TRACING)
         return
-    from tracer import failsafe
+    from kvscope.tracer import failsafe
 
     try:
         _start()
@@ -43,8 +44,8 @@ def register() -> None:
 
 
 def _start() -> None:
-    from tracer import config, metrics
-    from tracer.instrumentor import KvscopeInstrumentor
+    from kvscope.tracer import config, metrics
+    from kvscope.tracer.instrumentor import KvscopeInstrumentor
 
     cfg = config.load()
     where = cfg.destinations()
@@ -63,7 +64,7 @@ def _start() -> None:
 def _say_to_stderr_unless_configured() -> None:
     """vLLM configures its own logger only after plugins ran, and never the root logger: unless
     the application set up logging, the tracer's lines go to stderr (the server's log)."""
-    package = logging.getLogger("tracer")
+    package = logging.getLogger(__name__.rpartition(".")[0])  # kvscope.tracer
     if not package.hasHandlers():
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))

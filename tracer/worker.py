@@ -27,8 +27,9 @@ from typing import Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tracer import async_reads, runtime, semconv, spans
-from tracer.scheduler import PAYLOAD_ATTR
+from kvscope.tracer import async_reads, runtime, spans
+from kvscope.contract import semconv
+from kvscope.tracer.scheduler import PAYLOAD_ATTR
 
 
 @dataclass

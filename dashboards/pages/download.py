@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dash import dcc, html
 
-from dashboards import ids
+from kvscope.dashboards import ids
 
 TABLES = ("attribution", "percentiles", "findings", "request spans", "request block I/O")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dash import dcc, html
 
-from dashboards import ids
-from dashboards.data import ALL, COLD
-from dashboards.figures import SORT_KEYS
+from kvscope.dashboards import ids
+from kvscope.dashboards.data import ALL, COLD
+from kvscope.dashboards.figures import SORT_KEYS
 
 
 def phase_options(phases: list[str]) -> list[dict[str, str]]:

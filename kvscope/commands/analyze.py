@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis import outputs
+    from kvscope.analysis import outputs
 
     try:
         attribution, summary = outputs.analyze(args.run, plots=not args.no_plots)

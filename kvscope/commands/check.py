@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _regression(args: argparse.Namespace) -> int:
-    from analysis import gate, outputs
+    from kvscope.analysis import gate, outputs
 
     attribution = outputs.load_attribution(args.run)
     if args.write_baseline:
@@ -70,8 +70,8 @@ def _regression(args: argparse.Namespace) -> int:
 
 
 def _load(path: str) -> dict:
-    from analysis import outputs
-    from kvscope import rundir
+    from kvscope.analysis import outputs
+    from kvscope.contract import rundir
 
     requests = rundir.read_table(Path(path), "requests")
     if requests is None:
@@ -80,7 +80,7 @@ def _load(path: str) -> dict:
 
 
 def _gates(args: argparse.Namespace) -> int:
-    from analysis import acceptance, gate
+    from kvscope.analysis import acceptance, gate
 
     gates = acceptance.read_gates(args.gates)
     result = acceptance.check(gates, _load(args.against), _load(args.run))

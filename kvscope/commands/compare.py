@@ -27,8 +27,8 @@ def rates(a: str, b: str, phase: str | None, n_boot: int):
     """B's throughput over A's per phase both runs have (or `phase`), with 95 % CIs."""
     import pandas as pd
 
-    from analysis import throughput
-    from kvscope import rundir
+    from kvscope.analysis import throughput
+    from kvscope.contract import rundir
 
     ra, rb = (rundir.read_table(Path(p), "requests") for p in (a, b))
     if ra is None or rb is None:
@@ -39,7 +39,7 @@ def rates(a: str, b: str, phase: str | None, n_boot: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis import compare, outputs
+    from kvscope.analysis import compare, outputs
 
     try:
         table = compare.compare(outputs.load_attribution(args.a), outputs.load_attribution(args.b),

@@ -26,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dashboards.app import create_app
-    from dashboards.data import DashboardError
+    from kvscope.dashboards.app import create_app
+    from kvscope.dashboards.data import DashboardError
 
     try:
         app = create_app(args.runs, jaeger_url=args.jaeger_url)

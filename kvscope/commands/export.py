@@ -43,12 +43,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _build(fmt: str, run_dir: Path) -> dict:
     if fmt == "otlp":
-        from tracer.merge import merged_otlp
+        from kvscope.exports.merge import merged_otlp
 
         if not run_dir.is_dir():
             raise FileNotFoundError(f"{run_dir} is not a run directory")
         return merged_otlp(run_dir)
-    from analysis import load_run
-    from tracer.perfetto import chrome_trace
+    from kvscope.analysis import load_run
+    from kvscope.exports.perfetto import chrome_trace
 
     return chrome_trace(load_run(run_dir).spans)

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope import rundir
+    from kvscope.contract import rundir
     from kvscope.trace_import import documents, importing
 
     if (args.source is None) == (args.url is None):

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
-import platform
 import signal
-import socket
 import sys
 import threading
 import time
@@ -57,8 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.ebpf:
         return _print_ebpf(args)
-    from kvscope import rundir
-    from probes import session
+    from kvscope.contract import rundir
+    from kvscope.probes import session
 
     pids = [*args.pid, *args.pids]
     probe_only = not (args.out / rundir.MANIFEST).exists()
@@ -98,12 +95,12 @@ def _id_list(text: str) -> list[int]:
 
 
 def _print_ebpf(args: argparse.Namespace) -> int:
-    from probes.block_bpf import BlockOptions, render
-    from probes.detect import Plan, detect
+    from kvscope.probes.block_bpf import BlockOptions, render
+    from kvscope.probes.detect import Plan, detect
 
     if args.mode == "aggregate":
-        from probes import aggregate_bpf
-        from probes.btf import AGGREGATE_NEEDED, kernel_offsets
+        from kvscope.probes import aggregate_bpf
+        from kvscope.probes.btf import AGGREGATE_NEEDED, kernel_offsets
 
         print(aggregate_bpf.render(aggregate_bpf.AggregateOptions(
             track=bool(args.pid or args.pids), filter_devices=bool(args.device),
@@ -122,8 +119,8 @@ def _print_ebpf(args: argparse.Namespace) -> int:
 
 def _probe_only_manifest(args: argparse.Namespace) -> dict[str, Any]:
     """The schema's required keys, filled with what a probe-only run knows (docs/probes.md)."""
-    import kvscope
-    from kvscope.clock import measure_offset
+    from kvscope.contract import host
+    from kvscope.contract.clock import measure_offset
 
     clock = measure_offset()
     return {
@@ -132,14 +129,9 @@ def _probe_only_manifest(args: argparse.Namespace) -> dict[str, Any]:
         "command": ["kvscope", *sys.argv[1:]],
         "model": {}, "backend": {}, "server": {},
         "workload": {"phases": [args.phase], "probe_only": True},
-        "machine": {"hostname": socket.gethostname(), "kernel": platform.release(),
-                    "cpus": os.cpu_count(), "memory_bytes": _memory_bytes(),
-                    "disk_device": ",".join(args.device), "user": getpass.getuser()},
-        "versions": {"kvscope": kvscope.__version__, "python": platform.python_version()},
+        "machine": host.machine(",".join(args.device), user=getpass.getuser()),
+        "versions": host.versions(),
         "clock": {"offset_ns": clock.offset_ns, "uncertainty_ns": clock.uncertainty_ns},
         "phases": [],
     }
 
-
-def _memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope import rundir
+    from kvscope.contract import rundir
     from kvscope.record import recording, server_processes
 
     try:

@@ -89,7 +89,7 @@ def _terminate(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from patched_backend.parallel_disk.dirlock import DirectoryInUse
+    from kvscope.patched_backend.parallel_disk.dirlock import DirectoryInUse
 
     from kvscope.workload import report
     from kvscope.workload.runner import execute

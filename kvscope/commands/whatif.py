@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis import whatif
+    from kvscope.analysis import whatif
 
     if args.run:
         return _fit(args)
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from analysis import load_run, outputs, whatif
+    from kvscope.analysis import load_run, outputs, whatif
 
     try:
         run = load_run(args.run)

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tracer.fileexport import otlp_json
+from kvscope.tracer.fileexport import otlp_json
 
 
 class SpanFileReceiver(trace_service_pb2_grpc.TraceServiceServicer):

@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from kvscope import rundir
-from kvscope.clock import measure_offset
+from kvscope.contract import host, rundir
+from kvscope.contract.clock import measure_offset
 from kvscope.record.otlp_receiver import OtlpListener
 from kvscope.record.server_processes import ServingProcesses, lmcache_disk_paths
 from kvscope.workload import system, vllm_metrics
@@ -56,7 +56,7 @@ def record(server: ServingProcesses, opts: RecordOptions, stop: threading.Event,
            progress: Callable[[str], None] = lambda line: None) -> Recording:
     """Record `server` until `opts.duration_s` passed or `stop` is set."""
     kv_dirs = opts.kv_dirs or lmcache_disk_paths(server.environ)
-    devices = sorted({d for d in (system.block_device_of(p) for p in kv_dirs if p.exists()) if d})
+    devices = sorted({d for d in (host.whole_disk(p) for p in kv_dirs) if d})
     run = rundir.create(opts.out, _manifest(server, opts, kv_dirs, devices))
     recording = Recording(run)
     spans_dir = run / rundir.SPANS_DIR
@@ -100,6 +100,7 @@ def record(server: ServingProcesses, opts: RecordOptions, stop: threading.Event,
                                               "span_files": recording.span_files,
                                               "spans_from": "otlp" if listener else "files"})
     _record_tracer_stats(run)
+    _record_disk_backend(run, server)
     return recording
 
 
@@ -116,8 +117,8 @@ def _manifest(server: ServingProcesses, opts: RecordOptions, kv_dirs: list[Path]
         "server": {"url": opts.url, "api_pid": server.api_pid, "pids": list(server.pids),
                    "cmdline": list(server.cmdline), "started_by": "user"},
         "workload": {"recorded": True, "phases": [PHASE]},
-        "machine": {**system.machine_info(",".join(devices)), "user": getpass.getuser()},
-        "versions": system.versions(),
+        "machine": host.machine(",".join(devices), user=getpass.getuser()),
+        "versions": host.versions(),
         "clock": {"offset_ns": clock.offset_ns, "uncertainty_ns": clock.uncertainty_ns},
         "phases": [],
     }
@@ -152,7 +153,7 @@ def _start_probes(run: Path, server: ServingProcesses, devices: list[str],
         recording.missing.append("probes: not root (they attach BPF programs): block_io and "
                                  "queue_depth are missing; rerun as root for the device split")
         return None
-    from probes import session
+    from kvscope.probes import session
 
     return session.start(run, PHASE, pids=server.pids, devices=devices, mode=opts.probe_mode)
 
@@ -187,6 +188,19 @@ def _copy_span_files(source: Path, target: Path, since_wall: float) -> None:
 
 
 def _record_tracer_stats(run: Path) -> None:
-    from tracer.run import summarize_stats
+    from kvscope.tracer.run import summarize_stats
 
     rundir.update_manifest(run, "tracer", summarize_stats(run / rundir.SPANS_DIR))
+
+
+def _record_disk_backend(run: Path, server: ServingProcesses) -> None:
+    """manifest.disk_backend from the files the server's kvscope backend writes (cumulative since
+    the server started), when its environment names their directory."""
+    from kvscope.patched_backend.parallel_disk import statsfile
+
+    if server.backend_stats_dir is None:
+        return
+    counters = statsfile.totals(server.backend_stats_dir)
+    if counters:
+        rundir.update_manifest(run, "disk_backend",
+                               {"counters": counters, "by_phase": {PHASE: counters}})

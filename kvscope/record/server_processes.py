@@ -16,8 +16,10 @@ from urllib.parse import urlparse
 import psutil
 import yaml
 
-SPANS_DIR_VARIABLE = "KVSCOPE_SPANS_DIR"
-TRACING_VARIABLE = "KVSCOPE_TRACING"
+from kvscope.contract.env import ENV_BACKEND_STATS_DIR
+from kvscope.contract.env import ENV_SPANS_DIR as SPANS_DIR_VARIABLE
+from kvscope.contract.env import ENV_TRACING as TRACING_VARIABLE
+
 LMCACHE_CONFIG_VARIABLE = "LMCACHE_CONFIG_FILE"
 
 
@@ -37,6 +39,11 @@ class ServingProcesses:
     @property
     def spans_dir(self) -> Path | None:
         value = self.environ.get(SPANS_DIR_VARIABLE)
+        return Path(value) if value else None
+
+    @property
+    def backend_stats_dir(self) -> Path | None:
+        value = self.environ.get(ENV_BACKEND_STATS_DIR)
         return Path(value) if value else None
 
     @property

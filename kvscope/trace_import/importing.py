@@ -19,10 +19,10 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from kvscope import rundir
+from kvscope.contract import host, rundir
 from kvscope.trace_import.documents import TraceImportError, read_text
-from tracer import semconv
-from tracer.fileexport import otlp_json
+from kvscope.contract import semconv
+from kvscope.tracer.fileexport import otlp_json
 
 Request = trace_service_pb2.ExportTraceServiceRequest
 PHASE = "imported"
@@ -77,15 +77,13 @@ def write_run(out: Path, messages: list[Request], source: str) -> dict[str, Any]
 
 
 def _manifest(out: Path, source: str, first_ns: int, last_ns: int) -> dict[str, Any]:
-    from kvscope.workload import system
-
     return {
         "run_id": out.resolve().name,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": ["kvscope", *sys.argv[1:]],
         "model": {}, "backend": {}, "server": {"started_by": "user"},
         "workload": {"imported_from": source, "phases": [PHASE]},
-        "machine": {}, "versions": system.versions(),
+        "machine": {}, "versions": host.versions(),
         "clock": {"offset_ns": 0, "uncertainty_ns": 0,
                   "note": "imported spans keep OTLP epoch ns; no probe table joins"},
         "phases": [{"name": PHASE, "kind": "imported", "concurrency": -1,

@@ -14,8 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from patched_backend.parallel_disk.dirlock import DirectoryLock
-from patched_backend.parallel_disk.dirsafety import prepare_private_dir
+from kvscope.patched_backend.parallel_disk.dirlock import DirectoryLock
+from kvscope.patched_backend.parallel_disk.dirsafety import prepare_private_dir
 
 DEFAULT_ROOT = Path("/var/tmp/kvscope")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvscope import rundir
+from kvscope.contract import rundir
 
 
 def phase_table(run: Path) -> str:

@@ -18,11 +18,12 @@ from typing import Any, Protocol
 import pandas as pd
 from tqdm import tqdm
 
-from kvscope import ceiling, clock, rundir, twins
+from kvscope import ceiling, twins
+from kvscope.contract import clock, env, host, rundir
 from kvscope.workload import profiles, prompts, system, vllm_metrics
 from kvscope.workload.client import RequestPlan, RequestRecord, run_requests
 from kvscope.workload.kvdir import RunKVDir
-from kvscope.workload.observers import ProbeObserver
+from kvscope.workload.observers import DiskBackendObserver, ProbeObserver
 from kvscope.workload.server import ServerConfig, VLLMServer
 
 GIB = 1 << 30
@@ -139,8 +140,8 @@ def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
             "shared_prefix_tokens": opts.shared_prefix_tokens, "max_tokens": opts.max_tokens,
             "seed": opts.seed, "phases": opts.phases, "warm_concurrency": opts.warm_concurrency,
         },
-        "machine": system.machine_info(system.block_device_of(kv_dir)),
-        "versions": system.versions(),
+        "machine": host.machine(host.whole_disk(kv_dir)),
+        "versions": host.versions(),
         "clock": {"offset_ns": offset.offset_ns, "uncertainty_ns": offset.uncertainty_ns},
         "phases": [],
     }
@@ -251,7 +252,7 @@ def run_phase(live: LiveRun, phase: Phase) -> dict:
 
 def _start_tracing(run: Path, opts: RunOptions, offset: clock.ClockOffset):
     """The run's tracer.run.RunTracing, or None (and manifest.tracer saying so) when off."""
-    from tracer import run as tracer_run
+    from kvscope.tracer import run as tracer_run
 
     if not opts.tracing:
         rundir.update_manifest(run, "tracer", tracer_run.disabled_summary())
@@ -274,6 +275,7 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
     run = rundir.create(opts.out, _manifest(opts, spec, profile, lmcache, kv_dir, model_dir,
                                             offset))
     tracing = _start_tracing(run, opts, offset)
+    disk_backend = DiskBackendObserver(run)
     prompt_ids = prompts.make_prompts(opts.requests, opts.prompt_tokens, vocab_size=spec.vocab_size,
                                  seed=opts.seed, shared_prefix_tokens=opts.shared_prefix_tokens)
     config = ServerConfig(
@@ -281,7 +283,7 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
         max_model_len=opts.prompt_tokens + opts.max_tokens,
         kv_cache_gib=_kv_cache_gib(opts, spec), lmcache=lmcache,
         kv_transfer=profiles.KV_TRANSFER_CONFIG, log_path=run / rundir.SERVER_LOG,
-        extra_env={"KVSCOPE_CLOCK_OFFSET_NS": str(offset.offset_ns),
+        extra_env={env.ENV_CLOCK_OFFSET: str(offset.offset_ns), **disk_backend.server_env(),
                    **(tracing.server_env() if tracing else {}), **opts.extra_env},
     )
     done: list[dict] = []
@@ -291,10 +293,11 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                 "argv": config.argv(), "env": config.env(run / "lmcache.yaml"),
                 "startup_s": round(server.startup_s, 2),
             })
-            device = system.block_device_of(kv_dir)
+            device = host.whole_disk(kv_dir)
             watching = list(observers or [])
             if opts.probes:
                 watching.insert(0, ProbeObserver(device))
+            watching.append(disk_backend)
             if tracing is not None:
                 watching.append(tracing)
             live = LiveRun(run, server, kv_dir, copy.path if copy else None, device,

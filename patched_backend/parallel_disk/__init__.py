@@ -5,7 +5,7 @@ Enable it by configuration only (no patched LMCache files)::
 
     storage_plugins: [kvscope]
     extra_config:
-      storage_plugin.kvscope.module_path: patched_backend.parallel_disk.backend
+      storage_plugin.kvscope.module_path: kvscope.patched_backend.parallel_disk.backend
       storage_plugin.kvscope.class_name: ParallelDiskBackend
       kvscope.path: /mnt/nvme/kv
       kvscope.capacity: 20GB

@@ -33,19 +33,19 @@ from lmcache.utils import parse_cache_key
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 # First Party
-from patched_backend.parallel_disk import hooks
-from patched_backend.parallel_disk.buffers import collapse_to_huge_pages, pool_region
-from patched_backend.parallel_disk.config import DiskConfig, from_extra_config
-from patched_backend.parallel_disk.dirlock import DirectoryLock
-from patched_backend.parallel_disk.dirsafety import prepare_private_dir
-from patched_backend.parallel_disk.geometry import EngineGeometry
-from patched_backend.parallel_disk.index import ChunkIndex, Entry
-from patched_backend.parallel_disk.io_engine import IOEngine
-from patched_backend.parallel_disk.prefetch import Prefetched, Prefetcher
-from patched_backend.parallel_disk.reads import ReadPath, Slot, Started
-from patched_backend.parallel_disk.recovery import describe, scan
-from patched_backend.parallel_disk.stats import BackendStats
-from patched_backend.parallel_disk.writer import ChunkWriter
+from kvscope.patched_backend.parallel_disk import hooks, statsfile
+from kvscope.patched_backend.parallel_disk.buffers import collapse_to_huge_pages, pool_region
+from kvscope.patched_backend.parallel_disk.config import DiskConfig, from_extra_config
+from kvscope.patched_backend.parallel_disk.dirlock import DirectoryLock
+from kvscope.patched_backend.parallel_disk.dirsafety import prepare_private_dir
+from kvscope.patched_backend.parallel_disk.geometry import EngineGeometry
+from kvscope.patched_backend.parallel_disk.index import ChunkIndex, Entry
+from kvscope.patched_backend.parallel_disk.io_engine import IOEngine
+from kvscope.patched_backend.parallel_disk.prefetch import Prefetched, Prefetcher
+from kvscope.patched_backend.parallel_disk.reads import ReadPath, Slot, Started
+from kvscope.patched_backend.parallel_disk.recovery import describe, scan
+from kvscope.patched_backend.parallel_disk.stats import BackendStats
+from kvscope.patched_backend.parallel_disk.writer import ChunkWriter
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class ParallelDiskBackend(StoragePluginInterface):
                                    _capped(s.write_queue_bytes, local_cpu_backend, 2))
         self._prefetch = self._make_prefetcher(local_cpu_backend)
         hooks.register_backend(self)
+        statsfile.opened()
         if s.hugepages:
             threading.Thread(target=_huge_pool, args=(local_cpu_backend,), daemon=True,
                              name="kvscope-hugepages").start()
@@ -248,6 +249,7 @@ class ParallelDiskBackend(StoragePluginInterface):
             self._prefetch.close()
         self._writer.close()
         self._engine.close()
+        statsfile.closed()
         self._lock.release()
 
     # -- start-up --------------------------------------------------------------------------

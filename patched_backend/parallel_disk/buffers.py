@@ -17,7 +17,7 @@ import os
 import torch
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import ALIGN, padded
+from kvscope.patched_backend.parallel_disk.chunkfile import ALIGN, padded
 
 
 def raw_view(address: int, nbytes: int) -> memoryview:

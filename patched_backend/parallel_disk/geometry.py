@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import ChunkHeader
-from patched_backend.parallel_disk.layout import describe_difference, engine_layout
+from kvscope.patched_backend.parallel_disk.chunkfile import ChunkHeader
+from kvscope.patched_backend.parallel_disk.layout import describe_difference, engine_layout
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Hashable, Optional
 import threading
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import ChunkHeader
+from kvscope.patched_backend.parallel_disk.chunkfile import ChunkHeader
 
 
 @dataclass

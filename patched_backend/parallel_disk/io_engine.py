@@ -23,7 +23,7 @@ import threading
 import time
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, hash64, padded
+from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, hash64, padded
 
 logger = logging.getLogger(__name__)
 

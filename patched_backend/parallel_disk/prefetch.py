@@ -29,11 +29,11 @@ import threading
 import time
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import padded
-from patched_backend.parallel_disk.index import ChunkIndex
-from patched_backend.parallel_disk.io_engine import ReadBatch
-from patched_backend.parallel_disk.reads import ReadPath, Slot
-from patched_backend.parallel_disk.stats import BackendStats
+from kvscope.patched_backend.parallel_disk.chunkfile import padded
+from kvscope.patched_backend.parallel_disk.index import ChunkIndex
+from kvscope.patched_backend.parallel_disk.io_engine import ReadBatch
+from kvscope.patched_backend.parallel_disk.reads import ReadPath, Slot
+from kvscope.patched_backend.parallel_disk.stats import BackendStats
 
 logger = logging.getLogger(__name__)
 

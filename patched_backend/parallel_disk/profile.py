@@ -5,7 +5,7 @@
 from pathlib import Path
 from typing import Any
 
-MODULE = "patched_backend.parallel_disk.backend"
+MODULE = "kvscope.patched_backend.parallel_disk.backend"
 CLASS = "ParallelDiskBackend"
 
 

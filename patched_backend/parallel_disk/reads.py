@@ -24,12 +24,12 @@ from lmcache.v1.memory_management import MemoryFormat
 import torch
 
 # First Party
-from patched_backend.parallel_disk import hooks
-from patched_backend.parallel_disk.buffers import direct_view, raw_view, staging_buffer
-from patched_backend.parallel_disk.index import ChunkIndex, Entry
-from patched_backend.parallel_disk.io_engine import ChunkRead, IOEngine, ReadBatch
-from patched_backend.parallel_disk.recovery import quarantine
-from patched_backend.parallel_disk.stats import BackendStats
+from kvscope.patched_backend.parallel_disk import hooks
+from kvscope.patched_backend.parallel_disk.buffers import direct_view, raw_view, staging_buffer
+from kvscope.patched_backend.parallel_disk.index import ChunkIndex, Entry
+from kvscope.patched_backend.parallel_disk.io_engine import ChunkRead, IOEngine, ReadBatch
+from kvscope.patched_backend.parallel_disk.recovery import quarantine
+from kvscope.patched_backend.parallel_disk.stats import BackendStats
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import os
 import stat
 
 # First Party
-from patched_backend.parallel_disk.chunkfile import (
+from kvscope.patched_backend.parallel_disk.chunkfile import (
     QUARANTINE_SUFFIX, SUFFIX, TEMP_PREFIX, ChunkHeader, CorruptChunk, file_name,
     file_size_for, read_header,
 )

@@ -6,16 +6,9 @@ from collections import Counter
 from typing import Any
 import threading
 
-COUNTERS = (
-    "lookup_hits", "lookup_misses",
-    "read_hits", "read_misses", "read_bytes", "read_batches",
-    "stores", "store_bytes", "store_failures", "stores_skipped",
-    "evictions", "evicted_bytes", "corrupt_chunks",
-    # prefetch_on_lookup: chunks read ahead, claimed by a get, released unclaimed
-    "prefetch_reads", "prefetch_claimed", "prefetch_unclaimed",
-    # stores not queued because the write queue was full (its memory bound)
-    "stores_dropped",
-)
+# First Party
+from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS as COUNTERS
+from kvscope.contract.counters import MISS_BY_REASON
 
 
 class BackendStats:
@@ -29,7 +22,7 @@ class BackendStats:
         self._misses: Counter[str] = Counter()
 
     def add(self, **increments: int) -> None:
-        """Add to named counters (names from COUNTERS)."""
+        """Add to named counters (names from contract.counters)."""
         with self._lock:
             for name, value in increments.items():
                 if name not in COUNTERS:
@@ -51,7 +44,7 @@ class BackendStats:
         """Counters plus the given gauges (chunks, used_bytes, reads_in_flight, ...)."""
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
-            out["corrupt_by_reason"] = dict(self._corrupt)
-            out["miss_by_reason"] = dict(self._misses)
+            out[CORRUPT_BY_REASON] = dict(self._corrupt)
+            out[MISS_BY_REASON] = dict(self._misses)
         out.update(gauges)
         return out

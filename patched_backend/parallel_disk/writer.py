@@ -19,12 +19,12 @@ import threading
 import time
 
 # First Party
-from patched_backend.parallel_disk import hooks
-from patched_backend.parallel_disk.chunkfile import (
+from kvscope.patched_backend.parallel_disk import hooks
+from kvscope.patched_backend.parallel_disk.chunkfile import (
     ChunkHeader, block_hashes, file_size_for, hash_block_for, write_chunk,
 )
-from patched_backend.parallel_disk.index import ChunkIndex, Entry
-from patched_backend.parallel_disk.stats import BackendStats
+from kvscope.patched_backend.parallel_disk.index import ChunkIndex, Entry
+from kvscope.patched_backend.parallel_disk.stats import BackendStats
 
 logger = logging.getLogger(__name__)
 

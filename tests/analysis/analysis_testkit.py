@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.otlp import empty_spans
-from analysis.run import Run, empty_table
+from kvscope.analysis.otlp import empty_spans
+from kvscope.analysis.run import Run, empty_table
 
 
 def memory_run(requests: list[dict[str, Any]], spans: list[dict[str, Any]],

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import synthetic
+from kvscope.testkit import synthetic
 
 
 @pytest.fixture(scope="module")

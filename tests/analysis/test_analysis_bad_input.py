@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import analysis
-from analysis import synthetic
+from kvscope import analysis
+from kvscope.testkit import synthetic
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute, load_run, summarize
-from analysis.attribution import BATCH_PARTS, SPAN_COMPONENT
+from kvscope.analysis import COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute, load_run, summarize
+from kvscope.analysis.attribution import BATCH_PARTS, SPAN_COMPONENT
 from analysis_testkit import memory_run
 
 NAME_OF = {component: name for name, component in SPAN_COMPONENT.items()}

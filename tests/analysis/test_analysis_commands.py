@@ -11,9 +11,9 @@ from xml.etree import ElementTree
 import pandas as pd
 import pytest
 
-from analysis import synthetic
-from analysis.summary import ANALYSIS_VERSION
-from kvscope import rundir
+from kvscope.testkit import synthetic
+from kvscope.analysis.summary import ANALYSIS_VERSION
+from kvscope.contract import rundir
 from kvscope.cli import main
 
 
@@ -63,7 +63,7 @@ def test_compare_finds_no_difference_between_identical_runs(two_runs, capsys):
 
 
 def test_compare_recovers_a_known_speedup_with_a_ci_that_covers_it(tmp_path):
-    from analysis import compare
+    from kvscope.analysis import compare
     a = synthetic.expected(synthetic.make_run(tmp_path / "a", n_requests=400, seed=5, hit_ratio=1.0))
     slow = a.copy()
     for frame in (a, slow):
@@ -106,7 +106,7 @@ def test_pytest_plugin_gates_the_same_way(two_runs, tmp_path):
     baseline["components"]["prefill"]["value_s"] /= 2
     base.write_text(json.dumps(baseline))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "analysis.pytest_plugin", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-p", "kvscope.analysis.pytest_plugin", "-p", "no:cacheprovider",
          "--kvscope-run", str(a), str(base), "--junitxml", str(tmp_path / "j.xml"), "-q"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -126,7 +126,7 @@ def test_whatif_fits_a_run(two_runs, capsys):
 
 
 def test_outputs_are_read_back_while_current_and_not_after_an_input_changes(tmp_path):
-    from analysis import load_run, outputs
+    from kvscope.analysis import load_run, outputs
 
     run = synthetic.make_run(tmp_path / "run", n_requests=30, seed=3)
     assert outputs.load_current(run) is None  # never analysed

@@ -11,9 +11,10 @@ from xml.etree import ElementTree
 import pandas as pd
 import pytest
 
-from analysis import acceptance, outputs, synthetic
-from analysis.attribution import COMPONENTS
-from kvscope import rundir
+from kvscope.analysis import acceptance, outputs
+from kvscope.testkit import synthetic
+from kvscope.analysis.attribution import COMPONENTS
+from kvscope.contract import rundir
 from kvscope.cli import main
 
 FASTER = 0.7  # the candidate takes 70 % of the baseline's time: TTFT -30 %, throughput 1/0.7

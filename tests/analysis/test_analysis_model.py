@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from analysis import attribute, summarize, whatif
+from kvscope.analysis import attribute, summarize, whatif
 from analysis_testkit import memory_run
 
 

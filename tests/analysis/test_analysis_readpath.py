@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import readpath
-from tracer import semconv
+from kvscope.analysis import readpath
+from kvscope.contract import semconv
 
 MS = 1_000_000
 

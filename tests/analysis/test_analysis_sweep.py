@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import DEFAULT_PRIORITY, attribute
-from analysis.attribution import COMPONENTS, SPAN_COMPONENT
+from kvscope.analysis import DEFAULT_PRIORITY, attribute
+from kvscope.analysis.attribution import COMPONENTS, SPAN_COMPONENT
 from analysis_testkit import memory_run
 
 NAME_OF = {component: name for name, component in SPAN_COMPONENT.items()}

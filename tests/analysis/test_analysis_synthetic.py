@@ -10,9 +10,10 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import analysis
-from analysis import COMPONENTS, STORAGE_PARTS, synthetic
-from kvscope import rundir
+from kvscope import analysis
+from kvscope.analysis import COMPONENTS, STORAGE_PARTS
+from kvscope.testkit import synthetic
+from kvscope.contract import rundir
 
 
 @settings(max_examples=15, deadline=None)

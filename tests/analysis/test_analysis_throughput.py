@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import throughput
+from kvscope.analysis import throughput
 
 
 def closed_loop(phase: str, n: int, concurrency: int, latency_s: float, *, start_s: float = 0.0,

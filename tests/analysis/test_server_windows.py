@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import attribute
-from analysis.otlp import SPAN_COLUMNS
-from analysis.run import Run, empty_table
-from analysis.server_requests import RECORDED_PHASE, with_server_requests
-from tracer import semconv
+from kvscope.analysis import attribute
+from kvscope.contract.semconv import SPAN_COLUMNS
+from kvscope.analysis.run import Run, empty_table
+from kvscope.analysis.server_requests import RECORDED_PHASE, with_server_requests
+from kvscope.contract import semconv
 
 MS = 1_000_000
 

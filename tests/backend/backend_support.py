@@ -30,7 +30,7 @@ def lmcache_config(path: str, **knobs: Any) -> Any:
 
     engine_keys = {k: knobs.pop(k) for k in list(knobs) if not k.startswith("kvscope.")}
     extra = {
-        "storage_plugin.kvscope.module_path": "patched_backend.parallel_disk.backend",
+        "storage_plugin.kvscope.module_path": "kvscope.patched_backend.parallel_disk.backend",
         "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
         "kvscope.path": path, "kvscope.capacity": "1GiB",
         # Collapsing each harness's pool costs ~1 s of CPU; test_backend_hugepages.py and the
@@ -110,6 +110,6 @@ def chunk_path(directory: Any, i: int) -> str:
     import os
 
     # First Party
-    from patched_backend.parallel_disk.chunkfile import file_name
+    from kvscope.patched_backend.parallel_disk.chunkfile import file_name
 
     return os.path.join(str(directory), file_name(key(i).to_string()))

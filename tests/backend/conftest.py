@@ -12,7 +12,7 @@ import torch
 
 # First Party
 from backend_support import Harness
-from patched_backend.parallel_disk import hooks
+from kvscope.patched_backend.parallel_disk import hooks
 
 
 @pytest.fixture(autouse=True)

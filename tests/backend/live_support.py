@@ -15,10 +15,11 @@ import urllib.request
 import pandas as pd
 
 # First Party
-from kvscope import rundir, twins
+from kvscope.contract import rundir
+from kvscope import twins
 from kvscope.workload import profiles
 from kvscope.workload.server import ServerConfig, VLLMServer
-from patched_backend.parallel_disk.chunkfile import (
+from kvscope.patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, SUFFIX, TEMP_PREFIX, ChunkHeader, block_hashes, read_header,
 )
 

@@ -21,9 +21,9 @@ import pytest
 
 # First Party
 from backend_support import assert_exact, chunk_path, lmcache_config, metadata
-from patched_backend.parallel_disk.backend import ParallelDiskBackend
-from patched_backend.parallel_disk.dirlock import DirectoryInUse
-from patched_backend.parallel_disk.dirsafety import UnsafeDirectory
+from kvscope.patched_backend.parallel_disk.backend import ParallelDiskBackend
+from kvscope.patched_backend.parallel_disk.dirlock import DirectoryInUse
+from kvscope.patched_backend.parallel_disk.dirsafety import UnsafeDirectory
 
 OTHER_UID = 12345
 
@@ -109,7 +109,7 @@ def test_lock_of_a_killed_server_is_free(tmp_path):
     kv.mkdir(mode=0o700)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\n"
-         "from patched_backend.parallel_disk.dirlock import DirectoryLock\n"
+         "from kvscope.patched_backend.parallel_disk.dirlock import DirectoryLock\n"
          f"DirectoryLock({str(kv)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
     try:

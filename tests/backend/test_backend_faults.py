@@ -12,7 +12,7 @@ import pytest
 
 # First Party
 from backend_support import assert_exact
-from patched_backend.parallel_disk.chunkfile import SUFFIX, TEMP_PREFIX
+from kvscope.patched_backend.parallel_disk.chunkfile import SUFFIX, TEMP_PREFIX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

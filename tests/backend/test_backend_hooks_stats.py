@@ -10,9 +10,9 @@ import pytest
 
 # First Party
 from backend_support import assert_exact, key
-from patched_backend.parallel_disk import hooks
-from patched_backend.parallel_disk.chunkfile import file_size_for
-from patched_backend.parallel_disk.config import from_extra_config, parse_size
+from kvscope.patched_backend.parallel_disk import hooks
+from kvscope.patched_backend.parallel_disk.chunkfile import file_size_for
+from kvscope.patched_backend.parallel_disk.config import from_extra_config, parse_size
 
 CHUNK_BYTES = 2 * 4 * 256 * 128 * 2  # the test geometry's payload
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 # First Party
-from patched_backend.parallel_disk.buffers import HUGE_PAGE, collapse_to_huge_pages
+from kvscope.patched_backend.parallel_disk.buffers import HUGE_PAGE, collapse_to_huge_pages
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

@@ -10,7 +10,7 @@ import pytest
 
 # First Party
 from backend_support import CHUNK, assert_exact, chunk_path, kv_tensor
-from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, VERSION
+from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, VERSION
 
 
 def _flip_payload_byte(path: str, offset: int = 1234) -> None:

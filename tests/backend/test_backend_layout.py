@@ -17,7 +17,7 @@ import pytest
 
 # First Party
 from backend_support import assert_exact, chunk_path, metadata
-from patched_backend.parallel_disk import layout
+from kvscope.patched_backend.parallel_disk import layout
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +39,7 @@ def vllm_block_size(block_size: int) -> Iterator[None]:
 def _cpu_connector() -> None:
     """Build kvscope's real CPU connector: it registers itself as the writer of the bytes."""
     # First Party
-    from patched_backend.cpu_connector import CPUPagedKVConnector
+    from kvscope.patched_backend.cpu_connector import CPUPagedKVConnector
 
     CPUPagedKVConnector.from_metadata(metadata())
 

@@ -17,8 +17,8 @@ import torch
 
 # First Party
 from backend_support import assert_exact, chunk_path, key
-from patched_backend.parallel_disk import hooks
-from patched_backend.parallel_disk.config import from_extra_config
+from kvscope.patched_backend.parallel_disk import hooks
+from kvscope.patched_backend.parallel_disk.config import from_extra_config
 
 ON = {"kvscope.prefetch_on_lookup": True}  # the default, spelled out
 CHUNK_BYTES = 512 << 10  # the test geometry: 2 x 4 layers x 256 tokens x 128 x bf16

@@ -22,12 +22,13 @@ import pytest
 
 # First Party
 from backend_support import assert_exact
-from patched_backend.parallel_disk import hooks
+from kvscope.patched_backend.parallel_disk import hooks
 from test_backend_prefetch import CHUNK_BYTES, lookup, settled, unpin, wait_for
-from tracer import runtime, semconv
-from tracer.spans import RequestTrace
-from tracer.storage import ParallelReadListener
-from tracer.worker import current
+from kvscope.tracer import runtime
+from kvscope.contract import semconv
+from kvscope.tracer.spans import RequestTrace
+from kvscope.tracer.storage import ParallelReadListener
+from kvscope.tracer.worker import current
 
 REQUESTS, PER_REQUEST = 16, 2
 

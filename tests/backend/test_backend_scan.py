@@ -26,12 +26,12 @@ import xxhash
 
 # First Party
 from backend_support import CHUNK, assert_exact, chunk_path, key, metadata
-from patched_backend.parallel_disk.chunkfile import (
+from kvscope.patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, QUARANTINE_SUFFIX, ChunkHeader, CorruptChunk, decode_header, encode_header,
     file_name, file_size_for, read_header,
 )
-from patched_backend.parallel_disk.geometry import EngineGeometry
-from patched_backend.parallel_disk.recovery import scan
+from kvscope.patched_backend.parallel_disk.geometry import EngineGeometry
+from kvscope.patched_backend.parallel_disk.recovery import scan
 
 
 def _plant(directory: Path, template: Path, name: str = "", **fields) -> Path:

@@ -12,7 +12,7 @@ import torch
 
 # First Party
 from backend_support import MODEL, assert_exact, key, kv_tensor
-from patched_backend.parallel_disk.chunkfile import file_size_for
+from kvscope.patched_backend.parallel_disk.chunkfile import file_size_for
 
 CHUNK_BYTES = 512 << 10  # the test geometry: 2 x 4 layers x 256 tokens x 128 x bf16
 FILE = file_size_for(CHUNK_BYTES)
@@ -62,7 +62,7 @@ class _HoldFirstStore:
 
 def test_full_write_queue_drops_stores_and_counts_them(harness):
     # First Party
-    from patched_backend.parallel_disk import hooks
+    from kvscope.patched_backend.parallel_disk import hooks
 
     h = harness(**{"kvscope.write_queue_bytes": 2 * CHUNK_BYTES})
     hold = _HoldFirstStore()

@@ -26,7 +26,7 @@ import pytest
 
 # First Party
 from live_support import chunk_files, first_token, server_log, temp_files, tiny_server
-from patched_backend.parallel_disk.chunkfile import HEADER_SIZE, encode_header, read_header
+from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, encode_header, read_header
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
 

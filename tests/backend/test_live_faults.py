@@ -25,7 +25,7 @@ from live_support import (
     chunk_files, chunks_found_at_start, hit_chunks, kill_server_group, kvscope_run, run_argv,
     server_log, temp_files, verify_file,
 )
-from patched_backend.parallel_disk.chunkfile import (
+from kvscope.patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, QUARANTINE_SUFFIX, block_hashes, read_header, write_chunk,
 )
 

@@ -10,6 +10,7 @@ every stored chunk is a hit.
 import pytest
 
 # First Party
+from kvscope.contract import rundir
 from live_support import chunk_files, chunks_found_at_start, hit_chunks, kvscope_run, verify_file
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
@@ -42,3 +43,6 @@ def test_restart_then_64_concurrent_cold_requests_all_hit(free_port, tmp_path):
     assert (cold["concurrency"] == REQUESTS).all()
     assert (hit_chunks(cold) == 2).all(), cold["cached_tokens"].tolist()
     assert sorted(cold["prompt_index"]) == sorted(warm["prompt_index"])
+    # the backend's own counters reach the manifest in a run without tracing
+    counters = rundir.read_manifest(tmp_path / "cold")["disk_backend"]["by_phase"]["cold"]
+    assert counters["read_hits"] == 2 * REQUESTS and counters["corrupt_chunks"] == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.browser import CHROMIUM, chromium_options
+from kvscope.dashboards.browser import CHROMIUM, chromium_options
 
 HAVE_BROWSER = Path(CHROMIUM).exists() and shutil.which("chromedriver") is not None
 
@@ -35,7 +35,7 @@ def _seeded() -> None:
 @pytest.fixture(scope="session")
 def synthetic_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two small synthetic runs (different seeds): stand-ins for serial and parallel."""
-    from analysis import synthetic
+    from kvscope.testkit import synthetic
 
     root = tmp_path_factory.mktemp("runs")
     return (synthetic.make_run(root / "serial", n_requests=24, seed=1, concurrency=1,
@@ -46,6 +46,6 @@ def synthetic_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
 
 @pytest.fixture(scope="session")
 def loaded(synthetic_runs: tuple[Path, Path]) -> dict:
-    from dashboards import data
+    from kvscope.dashboards import data
 
     return data.load_runs(synthetic_runs)

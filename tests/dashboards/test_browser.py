@@ -6,8 +6,8 @@ import pytest
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
-from dashboards import ids
-from dashboards.app import create_app
+from kvscope.dashboards import ids
+from kvscope.dashboards.app import create_app
 
 pytestmark = pytest.mark.browser
 

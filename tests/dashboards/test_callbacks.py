@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import plotly.graph_objects as go
 
-from dashboards import callbacks, data, ids
-from dashboards.app import create_app
+from kvscope.dashboards import callbacks, data, ids
+from kvscope.dashboards.app import create_app
 
 
 def labels(loaded: dict) -> list[str]:

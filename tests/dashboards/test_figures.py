@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboards import figures, timeline
+from kvscope.dashboards import figures, timeline
 
 COMPONENT_NS = {"queueing_ns": 1e6, "kv_lookup_ns": 2e6, "storage_read_ns": 30e6,
                 "transfer_ns": 4e6, "prefill_ns": 5e6, "other_ns": 1e6}

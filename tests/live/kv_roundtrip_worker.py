@@ -54,7 +54,7 @@ class KVRoundTrip:
 
     def kvscope_disk_stats(self) -> dict:
         """Counters of the kvscope disk backend in this worker ({} on the stock backend)."""
-        from patched_backend.parallel_disk import hooks
+        from kvscope.patched_backend.parallel_disk import hooks
 
         backends = hooks.live_backends()
         return backends[0].stats() if backends else {}

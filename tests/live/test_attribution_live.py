@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-import analysis
+from kvscope import analysis
 from kvscope.workload.runner import RunOptions, execute
 
 pytestmark = [pytest.mark.live, pytest.mark.root]

@@ -13,9 +13,9 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from kvscope import rundir
-from probes.fio import FioReads
-from probes.nvme_bpf import NVME_DTYPE
+from kvscope.contract import rundir
+from kvscope.probes.fio import FioReads
+from kvscope.probes.nvme_bpf import NVME_DTYPE
 
 DATA = Path(__file__).parent / "data"
 SCRATCH = Path("/var/tmp/kvscope-probe-tests")  # on the root disk (/tmp could be tmpfs)

@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvscope import rundir
-from probes import session
-from probes.aggregate import AggregateProbe
-from probes.block import BlockProbe
-from probes.block_bpf import BlockOptions
+from kvscope.contract import rundir
+from kvscope.probes import session
+from kvscope.probes.aggregate import AggregateProbe
+from kvscope.probes.block import BlockProbe
+from kvscope.probes.block_bpf import BlockOptions
 from test_probes_block_live import _loaded_after_release
 
 pytestmark = pytest.mark.root

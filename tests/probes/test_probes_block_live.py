@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.block import BlockProbe, BlockResult, disk_holding
-from probes.block_bpf import BlockOptions
+from kvscope.probes.block import BlockProbe, BlockResult, disk_holding
+from kvscope.probes.block_bpf import BlockOptions
 
 pytestmark = pytest.mark.root
 

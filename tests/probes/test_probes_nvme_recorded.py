@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probes import nvme
-from probes.nvme_bpf import NvmeOptions, render
+from kvscope.probes import nvme
+from kvscope.probes.nvme_bpf import NvmeOptions, render
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_nvme_program_renders_both_tracepoints() -> None:
 
 VERIFY = """
 from bcc import BPF
-from probes.nvme_bpf import NvmeOptions, render
+from kvscope.probes.nvme_bpf import NvmeOptions, render
 BPF._trace_autoload = lambda self: None   # load and verify only: the tracepoints do not exist
 bpf = BPF(text=render(NvmeOptions()).encode())
 for name in (b"tracepoint__nvme__nvme_setup_cmd", b"tracepoint__nvme__nvme_complete_rq"):

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes import aggregate_bpf, aggregate_frames, btf, frames, sampler
-from probes.block_bpf import EVENT_DTYPE, OFFSET_NAMES, BlockOptions, render
+from kvscope.probes import aggregate_bpf, aggregate_frames, btf, frames, sampler
+from kvscope.probes.block_bpf import EVENT_DTYPE, OFFSET_NAMES, BlockOptions, render
 
 OFFSETS = {name: 8 * i for i, name in enumerate(sorted(OFFSET_NAMES))}
 

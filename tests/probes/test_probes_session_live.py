@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvscope import rundir
-from probes import session
-from probes.block import disk_holding
+from kvscope.contract import rundir
+from kvscope.probes import session
+from kvscope.probes.block import disk_holding
 
 pytestmark = pytest.mark.root
 

@@ -14,10 +14,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-import analysis
+from kvscope import analysis
 from kvscope.cli import main
-from tracer import semconv
-from tracer.fileexport import OtlpJsonFileExporter
+from kvscope.contract import semconv
+from kvscope.tracer.fileexport import OtlpJsonFileExporter
 
 MS = 1_000_000
 T0 = 1_764_000_000_000 * MS  # an epoch-ns moment

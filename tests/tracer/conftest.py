@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tracer_testkit import start_receiver
 
-from tracer import config, failsafe
+from kvscope.tracer import config, failsafe
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-import tracer.vllm_plugin as plugin
+import kvscope.tracer.vllm_plugin as plugin
 
 plugin.register()  # what vLLM does with its general plugins, first thing in each process
 
@@ -24,7 +24,7 @@ from vllm.v1.worker.kv_connector_model_runner_mixin import (  # noqa: E402
 )
 
 from standin_connector import RecordingConnector, StepMetadata  # noqa: E402
-from tracer.scheduler import PAYLOAD_ATTR  # noqa: E402
+from kvscope.tracer.scheduler import PAYLOAD_ATTR  # noqa: E402
 
 FORWARD_S = 0.05
 PREFILL_TOKENS = {"load-then-prefill": 512, "prefill-only": 256, "decode": 0}

@@ -13,17 +13,18 @@ import pytest
 from tracer_testkit import free_tcp_port, wait_until
 from user_server import complete, tiny_prompts, tokens_and_logprobs, user_server
 
-from kvscope import rundir
+from kvscope.contract.env import ENV_CLOCK_OFFSET
+from kvscope.contract import rundir
 from kvscope.workload.runner import RunOptions, execute
-from tracer import failsafe, pipeline, runtime
-from tracer.run import read_stats
+from kvscope.tracer import failsafe, pipeline, runtime
+from kvscope.tracer.run import read_stats
 
 pytestmark = [pytest.mark.live]
 
 MODELS_DIR = Path(os.environ.get("KVSCOPE_MODELS_DIR", Path.home() / ".cache/kvscope/models"))
 TRACEPARENT = "00-{:032x}-00f067aa0ba902b7-01"
 BAD_VALUES = {"OTEL_BSP_MAX_QUEUE_SIZE": "lots", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
-              runtime.ENV_OFFSET: "abc"}
+              ENV_CLOCK_OFFSET: "abc"}
 
 
 @pytest.mark.root

@@ -9,7 +9,7 @@ import os
 import pytest
 import wrapt
 
-from tracer import failsafe
+from kvscope.tracer import failsafe
 
 HOOK = "Engine.step"
 
@@ -47,7 +47,7 @@ def _guarded(wrapper, method: str = "step") -> type:
 
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "tracer.failsafe" and r.levelno == logging.WARNING]
+            if r.name == "kvscope.tracer.failsafe" and r.levelno == logging.WARNING]
 
 
 def raise_before(wrapped, instance, args, kwargs):
@@ -79,7 +79,7 @@ def call_twice(wrapped, instance, args, kwargs):
 def test_a_kvscope_error_returns_vllms_result_runs_it_once_counts_and_logs_once(
         wrapper, caplog):
     engine = _guarded(wrapper)()
-    with caplog.at_level(logging.WARNING, logger="tracer.failsafe"):
+    with caplog.at_level(logging.WARNING, logger="kvscope.tracer.failsafe"):
         results = [engine.step(3, scale=2) for _ in range(3)]
     assert results == [6, 6, 6]
     assert engine.calls == 3, "vLLM's function ran exactly once per call"
@@ -145,7 +145,7 @@ async def afail_while_handling(wrapped, instance, args, kwargs):
 @pytest.mark.parametrize("wrapper", [araise_before, araise_after], ids=["before", "after"])
 def test_async_wrappers_fail_closed_too(wrapper, caplog):
     engine = _guarded(wrapper, "astep")()
-    with caplog.at_level(logging.WARNING, logger="tracer.failsafe"):
+    with caplog.at_level(logging.WARNING, logger="kvscope.tracer.failsafe"):
         assert asyncio.run(engine.astep(5, scale=3)) == 15
         assert asyncio.run(engine.astep(1)) == 1
     assert engine.calls == 2 and failsafe.counts() == {HOOK: 2}
@@ -161,7 +161,7 @@ def test_async_vllm_exception_wins_unchanged():
 
 
 def test_errors_are_logged_once_per_hook_and_counted_per_hook(caplog):
-    with caplog.at_level(logging.WARNING, logger="tracer.failsafe"):
+    with caplog.at_level(logging.WARNING, logger="kvscope.tracer.failsafe"):
         for where in ("A.a", "B.b", "A.a", "config.OTEL_BSP_MAX_QUEUE_SIZE"):
             failsafe.count(where, ValueError("x"), fix="set it right")
     assert failsafe.counts() == {"A.a": 2, "B.b": 1, "config.OTEL_BSP_MAX_QUEUE_SIZE": 1}

@@ -1,4 +1,4 @@
-"""tracer.config: each bad OTEL_*/KVSCOPE_* value gives one warning line, a fallback, a count;
+"""kvscope.tracer.config: each bad OTEL_*/KVSCOPE_* value gives one warning line, a fallback, a count;
 the plugin's start-up line says whether tracing is on, where spans go and the sampler."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from tracer import config, failsafe, pipeline, vllm_plugin
+from kvscope.tracer import config, failsafe, pipeline, vllm_plugin
 
 OTLP = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
 
@@ -125,7 +125,7 @@ def test_a_tracing_switch_that_is_neither_1_nor_0_is_said(monkeypatch, caplog):
 
 def _plugin_lines(monkeypatch, caplog) -> list[str]:
     """register() in this process (instrumenting nothing: no vLLM module is imported here)."""
-    from tracer import instrumentor
+    from kvscope.tracer import instrumentor
 
     monkeypatch.setattr(instrumentor.KvscopeInstrumentor, "instrument", lambda self: None)
     with caplog.at_level(logging.INFO, logger=vllm_plugin.logger.name):

@@ -16,8 +16,10 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from tracer_testkit import wait_until
 
-from tracer import config, failsafe, pipeline, runtime, semconv
-from tracer.run import summarize_stats
+from kvscope.contract.env import ENV_CLOCK_OFFSET
+from kvscope.tracer import config, failsafe, pipeline, runtime
+from kvscope.contract import semconv
+from kvscope.tracer.run import summarize_stats
 
 RATIO = 0.25
 
@@ -37,7 +39,7 @@ def test_a_pipeline_that_cannot_be_built_means_tracing_off_here_counted_once(
         tmp_path, monkeypatch, caplog):
     monkeypatch.setenv(pipeline.ENV_SPANS_DIR, str(tmp_path))
     monkeypatch.setattr(failsafe, "_FAULTS", frozenset({runtime.BUILD}))
-    with caplog.at_level(logging.WARNING, logger="tracer.failsafe"):
+    with caplog.at_level(logging.WARNING, logger="kvscope.tracer.failsafe"):
         assert runtime.get() is None
         assert runtime.get() is None, "the failure is kept: no retry per call"
     assert failsafe.counts() == {runtime.BUILD: 1}
@@ -48,10 +50,10 @@ def test_a_pipeline_that_cannot_be_built_means_tracing_off_here_counted_once(
 
 
 def test_a_bad_clock_offset_does_not_stop_the_runtime(monkeypatch, caplog):
-    monkeypatch.setenv(runtime.ENV_OFFSET, "abc")
+    monkeypatch.setenv(ENV_CLOCK_OFFSET, "abc")
     rt = runtime.get()
     assert rt is not None and abs(rt.epoch(time.monotonic_ns()) - time.time_ns()) < 1e9
-    assert failsafe.counts() == {failsafe.CONFIG + runtime.ENV_OFFSET: 1}
+    assert failsafe.counts() == {failsafe.CONFIG + ENV_CLOCK_OFFSET: 1}
 
 
 def _emit_roots(rt: runtime.Runtime, count: int) -> list:

@@ -8,7 +8,7 @@ import sys
 import pytest
 import wrapt
 
-from tracer.instrumentor import TARGETS, KvscopeInstrumentor, wrapped_targets
+from kvscope.tracer.instrumentor import TARGETS, KvscopeInstrumentor, wrapped_targets
 
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 DISK = "lmcache.v1.storage_backend.local_disk_backend"
@@ -72,10 +72,10 @@ def _python(code: str, **env: str) -> str:
 
 PROBE = f"""
 import sys, wrapt
-import tracer.vllm_plugin as plugin
+import kvscope.tracer.vllm_plugin as plugin
 plugin.register()
 from {DISK} import LocalDiskBackend
-print("tracer.instrumentor" in sys.modules,
+print("kvscope.tracer.instrumentor" in sys.modules,
       isinstance(LocalDiskBackend.__dict__["read_file"], wrapt.ObjectProxy))
 """
 

@@ -21,7 +21,8 @@ SCRAPE = """
 import sys
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
-from tracer import metrics, semconv
+from kvscope.tracer import metrics
+from kvscope.contract import semconv
 
 metrics.start_in_this_process()
 backend = {"read_hits": 3, "read_misses": 1, "corrupt_chunks": 2,

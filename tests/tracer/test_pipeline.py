@@ -10,11 +10,12 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from tracer_testkit import free_tcp_port, wait_until
 
-from analysis import otlp
-from tracer import config, failsafe, pipeline, semconv
-from tracer.fileexport import OtlpJsonFileExporter
-from tracer.run import summarize_stats
-from tracer.runtime import Runtime
+from kvscope.analysis import otlp
+from kvscope.tracer import config, failsafe, pipeline
+from kvscope.contract import semconv
+from kvscope.tracer.fileexport import OtlpJsonFileExporter
+from kvscope.tracer.run import summarize_stats
+from kvscope.tracer.runtime import Runtime
 
 
 def _runtime(env: dict[str, str]) -> Runtime:
@@ -172,7 +173,7 @@ def test_spans_still_pending_at_shutdown_are_counted_lost_and_it_all_adds_up(tmp
 def test_a_raising_exporter_is_counted_and_logged_once(caplog):
     counters = pipeline.Counters()
     exporter = pipeline.CountingExporter("otlp", _Raising(), counters)
-    with caplog.at_level("WARNING", logger="tracer.pipeline"):
+    with caplog.at_level("WARNING", logger="kvscope.tracer.pipeline"):
         results = [exporter.export([object()] * 3) for _ in range(4)]
     assert results == [SpanExportResult.FAILURE] * 4
     counts = counters.of("otlp")

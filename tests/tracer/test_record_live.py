@@ -19,8 +19,8 @@ import yaml
 from tracer_testkit import read_until
 from user_server import complete, tiny_prompts, user_server
 
-import analysis
-from kvscope import rundir
+from kvscope import analysis
+from kvscope.contract import rundir
 from kvscope.workload import system
 from kvscope.workload.runner import expected_chunks, wait_for_stores
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tracer_testkit import free_tcp_port, read_until
 
-from kvscope import rundir
+from kvscope.contract import rundir
 
 pytestmark = [pytest.mark.root]
 NOBODY = 65534

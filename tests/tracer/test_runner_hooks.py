@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.otlp import read_span_files
-from tracer import semconv
-from tracer.instrumentor import SCHEDULER_HOOKS, WORKER_HOOKS
+from kvscope.analysis.otlp import read_span_files
+from kvscope.contract import semconv
+from kvscope.tracer.instrumentor import SCHEDULER_HOOKS, WORKER_HOOKS
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -30,7 +30,7 @@ def driven(tmp_path_factory):
     """(connector calls, forward windows, spans) of two steps per runner: sync loads, none."""
     spans_dir = tmp_path_factory.mktemp("spans")
     env = {**os.environ, "KVSCOPE_TRACING": "1", "KVSCOPE_SPANS_DIR": str(spans_dir),
-           "KVSCOPE_CLOCK_OFFSET_NS": "0", "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"}
+           "KVSCOPE_CLOCK_OFFSET_NS": "0", "PYTHONPATH": str(HERE)}
     proc = subprocess.run([sys.executable, str(HERE / "runner_drive.py")], capture_output=True,
                           text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -8,13 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis import load_run
-from analysis.synthetic import make_run
+from kvscope.contract.env import ENV_CLOCK_OFFSET
+from kvscope.analysis import load_run
+from kvscope.testkit.synthetic import make_run
 from kvscope.cli import main
-from analysis.otlp import read_span_files
-from tracer import async_reads, pipeline, runtime, semconv
-from tracer.perfetto import assign_lanes, chrome_trace
-from tracer.spans import (RequestTrace, client_request_id, context_from_headers,
+from kvscope.analysis.otlp import read_span_files
+from kvscope.tracer import async_reads, pipeline, runtime
+from kvscope.contract import semconv
+from kvscope.exports.perfetto import assign_lanes, chrome_trace
+from kvscope.tracer.spans import (RequestTrace, client_request_id, context_from_headers,
                           headers_from_context)
 
 
@@ -95,9 +97,9 @@ def test_export_commands_write_files_and_refuse_a_run_without_spans(synthetic_ru
 
 
 def test_async_loading_reads_wait_for_their_request_and_are_bounded(tmp_path, monkeypatch):
-    """tracer.async_reads: held per lookup id (vLLM's request id) until that request's load."""
+    """kvscope.tracer.async_reads: held per lookup id (vLLM's request id) until that request's load."""
     monkeypatch.setenv(pipeline.ENV_SPANS_DIR, str(tmp_path))
-    monkeypatch.setenv(runtime.ENV_OFFSET, "0")
+    monkeypatch.setenv(ENV_CLOCK_OFFSET, "0")
     monkeypatch.setattr(runtime, "_state", {})  # a runtime of this test's own
     monkeypatch.setattr(async_reads, "LIMIT", 2)
     ids = [f"cmpl-r{i}-0-0123abcd" for i in range(3)]

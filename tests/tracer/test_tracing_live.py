@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from tracer_testkit import assert_children_nest_in_parents, free_tcp_port, wait_until
 
-import analysis
-from kvscope import rundir
+from kvscope import analysis
+from kvscope.contract import rundir
 from kvscope.workload.runner import RunOptions, execute
-from tracer import semconv
+from kvscope.contract import semconv
 
 pytestmark = [pytest.mark.live]
 
@@ -91,7 +91,7 @@ def test_reads_ahead_at_lookup_are_spans_of_the_request_that_claimed_them(tmp_pa
     assert set(chunks.values()) == {600 // 256}, "every full chunk was read ahead and claimed"
     assert_children_nest_in_parents(spans)
     # the backend's own counters, per phase, agree with the spans
-    by_phase = rundir.read_manifest(run)["tracer"]["disk_backend_by_phase"]
+    by_phase = rundir.read_manifest(run)["disk_backend"]["by_phase"]
     assert list(by_phase) == ["warm", "cold"]
     assert by_phase["warm"]["read_hits"] == 0
     cold = by_phase["cold"]

@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from tracer_testkit import assert_children_nest_in_parents, wait_until
 from user_server import MODEL, complete, tiny_model, tiny_prompts, user_server
 
-from analysis.otlp import read_span_files
+from kvscope.analysis.otlp import read_span_files
 from kvscope.workload.runner import expected_chunks, wait_for_stores
-from tracer import semconv
-from tracer.metrics import SERVER_TTFT, STAGES
-from tracer.run import wait_for_span_files
+from kvscope.contract import semconv
+from kvscope.tracer.metrics import SERVER_TTFT, STAGES
+from kvscope.tracer.run import wait_for_span_files
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
 

@@ -122,7 +122,7 @@ def test_world_writable_kv_dir_is_refused(tmp_path):
 
 @pytest.mark.root
 def test_kv_dir_in_use_by_another_server_is_refused(tmp_path):
-    from patched_backend.parallel_disk.dirlock import DirectoryLock
+    from kvscope.patched_backend.parallel_disk.dirlock import DirectoryLock
 
     kv = tmp_path / "kv"
     kv.mkdir(mode=0o700)

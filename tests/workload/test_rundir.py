@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from kvscope import rundir
+from kvscope.contract import rundir
 from kvscope.workload.client import RequestRecord
 from kvscope.workload.runner import expected_chunks, plan_phases
 

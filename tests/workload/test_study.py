@@ -8,8 +8,10 @@ import re
 
 import pytest
 
-from analysis import outputs, synthetic
-from kvscope import ceiling, rundir, study
+from kvscope.analysis import outputs
+from kvscope.testkit import synthetic
+from kvscope import ceiling, study
+from kvscope.contract import rundir
 
 
 def describe(run) -> None:

@@ -1,0 +1,1 @@
+"""Readers that turn a run's spans into files other tools open: Jaeger's UI, Perfetto."""

@@ -1,0 +1,166 @@
+"""Synthetic run directories whose TTFT components are known by construction (a test kit).
+
+Tests and benches use them to check analysis and the dashboard against a known truth; they
+are written like a real run, through contract.rundir and the OpenTelemetry SDK's OTLP
+encoder, so they pass the same loader and schema checks.
+
+Every request follows one timeline (times in ns, `a` = arrival, each gap may be zero, so spans
+touch back to back):
+
+    a -g0- queue[q] -g1- reads[R] ... transfer[t] ... prefill[p] -g3- first token
+                 lookup[l] ends with the queue;   k parallel reads start together, the longest
+    lasts R; the transfer starts x before the reads end; prefill starts y before the transfer
+    ends; kv.load (the reads' parent) may end before its children. Misses skip reads/transfer.
+
+so exposed components are queueing q-l, kv_lookup l, storage_read R-x, transfer t-y, prefill p,
+other g0+g1+g3, with hidden queueing l, storage_read x, transfer y. Block I/Os sit in the
+exposed read stretch, each on a reader thread whose read covers it, so their device queue and
+service times are exactly the storage split. `expected(path)` returns that truth.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvscope.testkit import synthetic_write
+
+EXPECTED_FILE = "synthetic_expected.parquet"
+MS = 1_000_000
+
+
+def make_run(path: str | Path, *, n_requests: int, seed: int = 0, concurrency: int = 4,
+             phases: tuple[str, ...] = ("cold",), reads_per_request: int = 2,
+             ios_per_request: int = 10, hit_ratio: float = 0.8, nvme: bool = False,
+             io_bytes: int = 1 << 20, spans_per_file: int = 50_000) -> Path:
+    """Write a complete run (schema v2) at `path` (which must not hold a run) and return it.
+
+    Requests are split evenly over `phases`, run one after another; within a phase,
+    `concurrency` lanes each run their requests back to back, each lane with its own reader
+    threads and its own worker process (no request waits on another's work). The truth is
+    written to RUN/synthetic_expected.parquet (see `expected`).
+    """
+    if n_requests < 0 or concurrency < 1 or reads_per_request < 1 or ios_per_request < 1:
+        raise ValueError("n_requests >= 0, concurrency, reads_per_request, ios_per_request >= 1")
+    rng = np.random.default_rng(seed)
+    plan = _plan(rng, n_requests, concurrency, phases, hit_ratio, reads_per_request)
+    reads = _reads(rng, plan, reads_per_request, concurrency)
+    io = _block_io(rng, plan, reads, ios_per_request, io_bytes)
+    path = synthetic_write.write(Path(path), plan, reads, io, nvme=nvme, seed=seed,
+                                 concurrency=concurrency, phases=phases,
+                                 spans_per_file=spans_per_file)
+    _truth(plan, io).to_parquet(path / EXPECTED_FILE, index=False)
+    return path
+
+
+def expected(path: str | Path) -> pd.DataFrame:
+    """The known components of a synthetic run, in attribute()'s column names."""
+    return pd.read_parquet(Path(path) / EXPECTED_FILE)
+
+
+def _draw(rng: np.random.Generator, n: int, low_ms: float, high_ms: float) -> np.ndarray:
+    """Durations in ns, uniform in [low, high] ms, about 1 in 8 exactly the lower bound."""
+    values = rng.integers(int(low_ms * MS), int(high_ms * MS) + 1, n)
+    return np.where(rng.random(n) < 0.125, int(low_ms * MS), values).astype(np.int64)
+
+
+def _plan(rng: np.random.Generator, n: int, concurrency: int, phases: tuple[str, ...],
+          hit_ratio: float, k: int) -> pd.DataFrame:
+    """One row per request: its ids, every duration of the timeline and the absolute times."""
+    idx = np.arange(n)
+    phase_no = idx * len(phases) // max(n, 1)
+    plan = pd.DataFrame({"phase_no": phase_no, "lane": idx % concurrency,
+                         "hit": rng.random(n) < hit_ratio})
+    hit = plan["hit"].to_numpy()
+    plan["g0"], plan["q"], plan["g1"], plan["g3"] = (_draw(rng, n, 0, 2), _draw(rng, n, 0, 50),
+                                                     _draw(rng, n, 0, 1), _draw(rng, n, 0, 2))
+    plan["l"] = (plan["q"] * rng.random(n) * 0.3).astype(np.int64)
+    plan["R"] = np.where(hit, _draw(rng, n, 5, 200), 0)
+    plan["x"] = (plan["R"] * rng.random(n) * 0.25).astype(np.int64)
+    plan["t"] = np.where(hit, plan["x"] + _draw(rng, n, 1, 50), 0)
+    plan["p"] = np.where(hit, _draw(rng, n, 10, 300), _draw(rng, n, 50, 1500))
+    overlap = ((plan["t"] - plan["x"]) * rng.random(n) * 0.5).astype(np.int64)
+    plan["y"] = np.minimum(overlap, plan["p"])  # prefill outlasts the transfer it overlaps
+    plan["decode"] = _draw(rng, n, 10, 100)
+    plan["load_short"] = rng.random(n) < 0.5  # kv.load ends before its last child
+    _place(plan, rng, phase_no)
+    plan["prompt_index"] = idx - np.searchsorted(phase_no, phase_no)
+    plan["request_id"] = [f"{phases[p]}-{i:07d}" for p, i in zip(phase_no, plan["prompt_index"])]
+    return plan
+
+
+def _place(plan: pd.DataFrame, rng: np.random.Generator, phase_no: np.ndarray) -> None:
+    """Absolute times: lanes run back to back, phases one after another."""
+    ttft = plan[["g0", "q", "g1", "R", "t", "p", "g3"]].sum(axis=1) - plan["x"] - plan["y"]
+    busy = ttft + plan["decode"] + _draw(rng, len(plan), 0, 5)
+    start = busy.groupby([phase_no, plan["lane"]]).cumsum() - busy
+    span = (start + busy).groupby(phase_no).max().reindex(range(phase_no.max(initial=0) + 1),
+                                                          fill_value=0)
+    phase_base = 50_000 * 10**9 + (span + 10 * MS).cumsum().shift(1, fill_value=0)
+    plan["arrival"] = phase_base.to_numpy()[phase_no] + start.to_numpy()
+    plan["queue_start"] = plan["arrival"] + plan["g0"]
+    plan["load_start"] = plan["queue_start"] + plan["q"] + plan["g1"]
+    plan["transfer_start"] = plan["load_start"] + plan["R"] - plan["x"]
+    plan["prefill_start"] = np.where(plan["hit"], plan["transfer_start"] + plan["t"] - plan["y"],
+                                     plan["load_start"])
+    plan["prefill_end"] = plan["prefill_start"] + plan["p"]
+    plan["first_token"] = plan["prefill_end"] + plan["g3"]
+    plan["finish"] = plan["first_token"] + plan["decode"]
+
+
+def _reads(rng: np.random.Generator, plan: pd.DataFrame, k: int, concurrency: int) -> pd.DataFrame:
+    """k parallel storage.read spans per hit request; read 0 is the longest (R)."""
+    hits = plan[plan["hit"]]
+    key = np.repeat(hits.index.to_numpy(), k)
+    which = np.tile(np.arange(k), len(hits))
+    longest = np.repeat(hits["R"].to_numpy(), k)
+    frac = np.where(which == 0, 1.0, rng.uniform(0.3, 1.0, len(key)))
+    start = np.repeat(hits["load_start"].to_numpy(), k)
+    tid = 10_000 + np.repeat(hits["lane"].to_numpy(), k) * k + which
+    return pd.DataFrame({"key": key, "which": which, "start": start,
+                         "end": start + (longest * frac).astype(np.int64), "tid": tid})
+
+
+def _block_io(rng: np.random.Generator, plan: pd.DataFrame, reads: pd.DataFrame, m: int,
+              io_bytes: int) -> pd.DataFrame:
+    """m block reads per hit request, laid out one after another in the exposed read stretch."""
+    hits = plan[plan["hit"]]
+    key = np.repeat(hits.index.to_numpy(), m)
+    slot = np.repeat(((hits["R"] - hits["x"]) // m).to_numpy(), m)
+    slot_start = np.repeat(hits["load_start"].to_numpy(), m) + np.tile(np.arange(m), len(hits)) * slot
+    soft = (slot * rng.uniform(0.0, 0.3, len(key))).astype(np.int64)
+    queue = np.where(rng.random(len(key)) < 0.2, 0, (slot * rng.uniform(0, 0.2, len(key))).astype(np.int64))
+    service = (slot * rng.uniform(0.2, 0.5, len(key))).astype(np.int64)
+    start = slot_start + soft
+    complete = start + queue + service
+    k = int(reads.groupby("key").size().max()) if len(reads) else 1
+    reader = rng.integers(0, k, len(key))
+    read_end = reads.set_index(["key", "which"])["end"]
+    covered = read_end.reindex(pd.MultiIndex.from_arrays([key, reader])).to_numpy() >= complete
+    reader = np.where(covered, reader, 0)  # read 0 covers the whole stretch
+    tid = 10_000 + plan["lane"].to_numpy()[key] * k + reader
+    return pd.DataFrame({"key": key, "tid": tid, "start_ns": start, "issue_ns": start + queue,
+                         "complete_ns": complete, "bytes": io_bytes})
+
+
+def _truth(plan: pd.DataFrame, io: pd.DataFrame) -> pd.DataFrame:
+    """The known attribution, in attribute()'s column names."""
+    n = len(plan)
+    service = np.bincount(io["key"], weights=io["complete_ns"] - io["issue_ns"], minlength=n)
+    queue = np.bincount(io["key"], weights=io["issue_ns"] - io["start_ns"], minlength=n)
+    truth = pd.DataFrame({
+        "request_id": plan["request_id"], "ttft_ns": plan["first_token"] - plan["arrival"],
+        "queueing_ns": plan["q"] - plan["l"], "kv_lookup_ns": plan["l"],
+        "storage_read_ns": plan["R"] - plan["x"], "transfer_ns": plan["t"] - plan["y"],
+        "prefill_ns": plan["p"], "other_ns": plan["g0"] + plan["g1"] + plan["g3"],
+        "storage_device_queue_ns": queue.astype(np.int64),
+        "storage_device_service_ns": service.astype(np.int64),
+        "hidden_queueing_ns": plan["l"], "hidden_kv_lookup_ns": 0,
+        "hidden_storage_read_ns": plan["x"], "hidden_transfer_ns": plan["y"],
+        "hidden_prefill_ns": 0,
+    })
+    truth["storage_software_ns"] = (truth["storage_read_ns"] - truth["storage_device_queue_ns"]
+                                    - truth["storage_device_service_ns"])
+    return truth.astype({c: "int64" for c in truth.columns if c.endswith("_ns")})
