@@ -35,21 +35,26 @@ def bf16_native(cpuinfo: str | None = None) -> bool:
 
 
 def fp32_gflops(seconds: float = 1.0) -> float:
-    """A short calibration: this CPU's fp32 GEMM rate (GFLOP/s, all cores), the best of the
-    multiplications that fit in `seconds`: what the CPU can do, not what other work leaves."""
+    """A short calibration: this CPU's fp32 GEMM rate (GFLOP/s, all cores). One thread, timed in
+    CPU time, the best of the multiplications that fit in `seconds`, times the cores: what the
+    CPU can do; other work on the machine stretches wall time, not CPU time (load_factor)."""
     import time
 
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    a, b = torch.randn(1024, 256), torch.randn(256, 3072)
-    a @ b
-    took, started = [], time.perf_counter()
-    while time.perf_counter() - started < seconds or len(took) < 3:
-        t = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(1024, 256), torch.randn(256, 3072)
         a @ b
-        took.append(time.perf_counter() - t)
-    return 2 * 1024 * 256 * 3072 / min(took) / 1e9
+        took, started = [], time.perf_counter()
+        while time.perf_counter() - started < seconds or len(took) < 3:
+            t = time.process_time()
+            a @ b
+            took.append(time.process_time() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * 1024 * 256 * 3072 / max(min(took), 1e-9) / 1e9 * (os.cpu_count() or 1)
 
 
 def prefill_flops(spec, tokens: int) -> float:
