@@ -11,7 +11,8 @@ drawn its data and the waterfall shows the slowest request), and a click on a re
 already over it, hover settled: click until the waterfall shows the clicked request), next to
 the same callback called in-process. With --baseline REV the same page measurements run on
 `kvscope dashboard` of that revision (from `git archive`, in its own server and browser),
-alternating with this tree's, so both see the same machine load.
+alternating with this tree's, so both see the same machine load; the synthetic run is then
+written by that revision's generator, so both read it as the baseline wrote it.
 """
 
 from __future__ import annotations
@@ -82,19 +83,29 @@ def serve(app):
     return runner, f"http://127.0.0.1:{PORT}/"
 
 
-def serve_revision(rev: str, runs: list[Path], root: Path) -> tuple[subprocess.Popen, str]:
-    """`kvscope dashboard` of git revision `rev` (its tree from `git archive`) on PORT + 1."""
+def extract(rev: str, root: Path) -> Path:
+    """The tree of git revision `rev` (from `git archive`, the working tree untouched)."""
     tree = root / "baseline"
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def _in_tree(tree: Path) -> dict[str, str]:
+    """The environment that imports kvscope from `tree` instead of this checkout."""
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def serve_revision(rev: str, tree: Path, runs: list[Path], root: Path) -> tuple[subprocess.Popen, str]:
+    """`kvscope dashboard` of revision `rev`, extracted at `tree`, on PORT + 1."""
     url = f"http://127.0.0.1:{PORT + 1}/"
     log = root / "baseline.log"  # a file, not a pipe: werkzeug logs every request
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvscope.cli", "dashboard", *map(str, runs), "--port", str(PORT + 1)],
-            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=out, stderr=out)
+            cwd=tree, env=_in_tree(tree), stdout=out, stderr=out)
     deadline = time.monotonic() + 300  # it may analyse the runs at start
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -156,14 +167,36 @@ def screenshot(driver, url: str, out: Path, width: int) -> None:
     print(f"screenshot: {out} ({width}x{height})")
 
 
-def synthetic(requests: int, root: Path) -> list[Path]:
-    """A synthetic run, analysed as `kvscope analyze` (or the demo) leaves it."""
+# The baseline's own generator writes the run it is shown (a newer tree may write a later
+# schema); this tree reads that run too (older schemas stay readable) and analyses its copy.
+GENERATE = """
+import sys
+try:
+    from kvscope.analysis import outputs
+    from kvscope.testkit import synthetic
+except ImportError:  # a revision from before the kvscope namespace
+    from analysis import outputs, synthetic
+run = synthetic.make_run(sys.argv[1], n_requests=int(sys.argv[2]), seed=7, concurrency=8)
+outputs.analyze(run, plots=False)
+"""
+
+
+def synthetic(requests: int, root: Path, baseline: Path | None) -> tuple[list[Path], list[Path]]:
+    """A synthetic run, analysed as `kvscope analyze` (or the demo) leaves it, for this tree and
+    for the baseline tree (written by the baseline's generator when there is one)."""
     from kvscope.analysis import outputs
     from kvscope.testkit import synthetic as synth
 
-    run = synth.make_run(root / "synthetic", n_requests=requests, seed=7, concurrency=8)
-    outputs.analyze(run, plots=False)
-    return [run]
+    if baseline is None:
+        run = synth.make_run(root / "synthetic", n_requests=requests, seed=7, concurrency=8)
+        outputs.analyze(run, plots=False)
+        return [run], [run]
+    theirs = root / "baseline-run" / "synthetic"
+    subprocess.run([sys.executable, "-c", GENERATE, str(theirs), str(requests)], cwd=baseline,
+                   env=_in_tree(baseline), check=True)
+    ours = Path(shutil.copytree(theirs, root / "synthetic"))
+    outputs.analyze(ours, plots=False)
+    return [ours], [theirs]
 
 
 def timed_load(runs: list[Path]) -> tuple[float, dict[str, data.RunData]]:
@@ -197,8 +230,10 @@ def _side_by_side(what: str, times: dict[str, list[float]], fmt=_median_ms) -> N
     print(f"{what}: {', '.join(cells)}{ratio}")
 
 
-def bench(args: argparse.Namespace, runs: list[Path], root: Path) -> None:
-    """Print app load, first render and click latencies for `runs`, beside the baseline's."""
+def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
+          tree: Path | None, root: Path) -> None:
+    """Print app load, first render and click latencies for `runs`, beside the baseline's (the
+    revision extracted at `tree`, showing `baseline_runs`)."""
     from selenium import webdriver
 
     from kvscope.analysis import outputs
@@ -214,8 +249,8 @@ def bench(args: argparse.Namespace, runs: list[Path], root: Path) -> None:
     runner, url = serve(build_app(loaded))
     servers = [("this tree", url)]
     baseline = None
-    if args.baseline:
-        baseline, base_url = serve_revision(args.baseline, runs, root)
+    if tree:
+        baseline, base_url = serve_revision(args.baseline, tree, baseline_runs, root)
         servers.append((args.baseline, base_url))
     pages = [Page(name, u, webdriver.Chrome(options=chromium_options(args.width, 1000)))
              for name, u in servers]
@@ -248,7 +283,7 @@ def bench(args: argparse.Namespace, runs: list[Path], root: Path) -> None:
     print("browser console errors: " + ", ".join(f"{k} {v}" for k, v in errors.items()))
 
 
-def shoot(args: argparse.Namespace, runs: list[Path], _root: Path) -> None:
+def shoot(args: argparse.Namespace, runs: list[Path]) -> None:
     from selenium import webdriver
 
     runner, url = serve(build_app(data.load_runs(runs)))
@@ -275,9 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clicks", type=int, default=8, help="request selections to time")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = args.runs or synthetic(args.requests, Path(tmp))
+        root = Path(tmp)
+        tree = extract(args.baseline, root) if args.baseline and not args.screenshot else None
+        runs, baseline_runs = ((args.runs, args.runs) if args.runs
+                               else synthetic(args.requests, root, tree))
         try:
-            (shoot if args.screenshot else bench)(args, runs, Path(tmp))
+            if args.screenshot:
+                shoot(args, runs)
+            else:
+                bench(args, runs, baseline_runs, tree, root)
         except data.DashboardError as e:
             print(f"dashboard_render: {e}", file=sys.stderr)
             return 2
