@@ -39,7 +39,8 @@ MOVED_FILES = {
     "analysis/synthetic_write.py": "testkit/synthetic_write.py",
 }
 SKIP = (".venv", ".git", "build", "tests/analysis/data", "tests/probes/data", "contract",
-        "scripts/namespace_imports.py")
+        "scripts/namespace_imports.py",
+        "bench/dashboard_render.py")  # imports the old names on purpose, for older revisions
 # a dotted name of ours: a room and at least one module below it, or a moved kvscope module
 # (a bare room name is left alone: "analysis", "tracer", "probes" are also manifest sections)
 _DOTTED = r"(?:(?:%s)(?:\.\w+)+|(?:kvscope\.rundir|kvscope\.clock)\b(?:\.\w+)*)" % "|".join(ROOMS)
@@ -149,7 +150,9 @@ def _embedded_import(line: str) -> str:
         body = _imports(statement + "\n")
     except SyntaxError:  # not a whole statement (a parenthesised import's first line)
         return line
-    return line if body == statement + "\n" else indent + body.rstrip("\n") + (
+    if body == statement + "\n":
+        return line
+    return "".join(indent + part for part in body.splitlines(keepends=True)).rstrip("\n") + (
         "\n" if line.endswith("\n") else "")
 
 
