@@ -26,6 +26,8 @@ INSPECT = """
 import importlib, importlib.metadata as md, importlib.util, json, sys
 from kvscope.patched_backend.parallel_disk import profile
 from kvscope.contract import rundir
+from kvscope.analysis import acceptance
+from kvscope.dashboards import app
 eps = {g: {ep.name: (ep.value, str(ep.dist.locate_file(""))) for ep in md.entry_points(group=g)
            if ep.dist.name == "kvscope"} for g in sys.argv[1:]}
 loaded = [ep.name for g in ("vllm.general_plugins", "opentelemetry_instrumentor")
@@ -34,6 +36,7 @@ print(json.dumps({
     "top_level": [n for n in %r if importlib.util.find_spec(n) is not None],
     "lmcache_module": importlib.util.find_spec(profile.MODULE).origin,
     "contract": rundir.__file__, "entry_points": eps, "loaded": loaded,
+    "data": [str(acceptance.EXAMPLE), *map(str, app.ASSETS.glob("*.css"))],
 }))
 """ % (OLD_TOP_LEVEL,)
 
@@ -97,6 +100,13 @@ def test_entry_points_name_the_namespace_and_resolve_in_the_wheel(installed):
 def test_lmcache_finds_the_backend_module_in_the_wheel(installed):
     venv, found = installed
     assert Path(found["lmcache_module"]).is_relative_to(venv)
+
+
+def test_package_data_ships_in_the_wheel(installed):
+    """The demo's gate file and the dashboard's stylesheet, read from beside their modules."""
+    venv, found = installed
+    assert len(found["data"]) >= 2
+    assert all(Path(p).is_relative_to(venv) and Path(p).is_file() for p in found["data"])
 
 
 def test_the_console_script_runs(installed):
