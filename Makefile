@@ -11,7 +11,7 @@ demo: setup
 	$(VENV)/bin/kvscope demo $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/live_stack.py

@@ -8,9 +8,9 @@ spans (a span processor: nothing on the serving path but a counter update) and s
 the kvscope disk backend's counters, in whichever of vLLM's two ways /metrics is being served:
 
 - prometheus_client's global registry (the default): each process writes a small JSON snapshot
-  into a directory the server's processes share, `KVSCOPE_METRICS_DIR` (made by the first traced
-  process, the API server, and inherited by its children when unset); a collector on the API
-  server's registry merges the snapshots at scrape time.
+  into a directory the server's processes share, `KVSCOPE_METRICS_DIR` (made afresh by the API
+  server at start-up and inherited by its children); a collector on the API server's registry
+  merges the snapshots at scrape time.
 - prometheus_client's multiprocess mode, when PROMETHEUS_MULTIPROC_DIR is set (by the user, by
   `--api-server-count` > 1, or by LMCache in a parent process): vLLM then serves only the
   metric files in that directory, so each process records into prometheus_client metrics,
@@ -70,16 +70,20 @@ def multiprocess_mode() -> bool:
 
 
 def metrics_dir() -> Path:
-    """This server's shared snapshot directory (made, exported to children and removed at exit
-    by the first process that needs it)."""
+    """This server's shared snapshot directory: the one its top process made, or a new one."""
     value = os.environ.get(ENV_METRICS_DIR)
-    if not value:
-        value = tempfile.mkdtemp(prefix="kvscope-metrics-")
-        os.environ[ENV_METRICS_DIR] = value
-        atexit.register(shutil.rmtree, value, ignore_errors=True)
-    path = Path(value)
+    path = Path(value) if value else _new_metrics_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _new_metrics_dir() -> Path:
+    """A fresh directory, exported to the children started after this and removed at exit, so
+    a server never counts another's (or a dead predecessor's) snapshots."""
+    value = tempfile.mkdtemp(prefix="kvscope-metrics-")
+    os.environ[ENV_METRICS_DIR] = value
+    atexit.register(shutil.rmtree, value, ignore_errors=True)
+    return Path(value)
 
 
 def stage_metrics(backend_stats: BackendStats) -> "StageMetrics":
@@ -286,15 +290,16 @@ def _merged_histograms(snapshots: list[dict[str, Any]]) -> dict[str, list[float]
 
 
 def start_in_this_process() -> None:
-    """At plugin start-up: fix this process's mode; in the global-registry mode, the shared
-    directory exists (and is in the environment before vLLM starts its engine), and the top
-    process, the API server, serves the merged snapshots on that registry."""
+    """At plugin start-up: fix this process's mode; in the global-registry mode, the top
+    process, the API server, makes the shared directory (in the environment before vLLM starts
+    its engine, whatever an outer process left there) and serves the merged snapshots."""
     global _multiprocess_at_start
     _multiprocess_at_start = bool(os.environ.get(ENV_PROMETHEUS_MULTIPROC))
     if _multiprocess_at_start:
         return
-    directory = metrics_dir()
-    if multiprocessing.parent_process() is None:
+    if multiprocessing.parent_process() is None:  # the API server: a directory of its own
         from prometheus_client import REGISTRY
 
-        REGISTRY.register(SnapshotCollector(directory))
+        REGISTRY.register(SnapshotCollector(_new_metrics_dir()))
+    else:
+        metrics_dir()

