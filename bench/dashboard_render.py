@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,13 @@ def extract(rev: str, root: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    # Rooms that install under kvscope.* from top-level folders (pyproject's package-dir) are
+    # linked into its kvscope/, or the editable install would import this checkout's instead.
+    setuptools = tomllib.loads((tree / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+    for package, folder in setuptools.get("package-dir", {}).items():
+        room = package.removeprefix("kvscope.")
+        if "." not in room and room != package and (tree / folder).is_dir():
+            (tree / "kvscope" / room).symlink_to(tree / folder, target_is_directory=True)
     return tree
 
 

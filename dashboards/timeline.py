@@ -74,8 +74,8 @@ def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[s
 
 def _segments(name: str, lanes: list[str], start_ms: np.ndarray, end_ms: np.ndarray,
               hover: list[str]) -> dict:
-    """Intervals as one trace of line segments (start, end, gap), thick as a bar: one SVG path
-    for all of a request's I/Os, where bars are an element each (most of a click's redraw)."""
+    """Intervals as one trace of line segments (start, end, gap), each as thick as a bar: plain
+    paths, without the bar layout Plotly computes for every bar of a bar trace."""
     def spaced(first, second) -> list:
         out = [None] * (3 * len(lanes))
         out[0::3], out[1::3] = first, second

@@ -48,6 +48,12 @@ def test_clicking_a_request_bar_updates_its_waterfall(dash_duo, synthetic_runs):
     clicked = dash_duo.find_element(f"#{ids.REQUEST}").text.split(" · ")[2]
     assert clicked in dash_duo.find_element(title).text
     assert clicked not in before
+    # its block I/Os are drawn as line segments (one path each), not as bars
+    io_traces = dash_duo.driver.execute_script(f"""
+        const gd = document.querySelector('#{ids.WATERFALL_GRAPH} .js-plotly-plot');
+        return gd.data.filter(t => t.name.startsWith('I/O')).map(t => t.type + ' ' + t.mode);""")
+    assert io_traces == ["scatter lines", "scatter lines"]
+    assert dash_duo.find_elements(f"#{ids.WATERFALL_GRAPH} .scatterlayer path.js-line")
     assert dash_duo.get_logs() == []
 
 
