@@ -21,11 +21,11 @@ PROMPT_TOKENS = 512  # two full chunks per prompt
 
 def test_restart_then_64_concurrent_cold_requests_all_hit(free_port, tmp_path):
     kv = tmp_path / "kv"
-    # Warm at concurrency 1: every prompt is prefilled in one step, so both chunks are stored.
-    # The cold pass only makes the driver wait for the asynchronous writes before it stops the
-    # server (vLLM kills its worker at shutdown: queued writes would be lost).
+    # Warm at concurrency 1: every prompt is prefilled in one step, so both chunks are stored;
+    # --keep-kv makes the driver wait for the asynchronous writes before it stops the server
+    # (vLLM kills its worker at shutdown: queued writes would be lost).
     first = kvscope_run(tmp_path / "warm", kv, free_port, "--model", "tiny",
-                        "--phases", "warm,cold", "--requests", str(REQUESTS),
+                        "--phases", "warm", "--requests", str(REQUESTS),
                         "--concurrency", "1", "--prompt-tokens", str(PROMPT_TOKENS))
     warm = first[first["phase"] == "warm"]
     assert (warm["status"] == "ok").all() and (warm["cached_tokens"] == 0).all()
