@@ -185,6 +185,12 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
                               kv_dir_base=tmp_path / "kv")
     runs = study.run_study(opts)
     assert list(runs) == [study.BASELINE, "stock"]  # the order asked for, not the run order
+    from kvscope.patched_backend import fp32_gemm
+
+    for run in runs.values():  # bf16 layers in fp32 exactly where oneDNN has no bf16 matmul
+        assert rundir.read_manifest(run)["server"]["env"][fp32_gemm.ENV] == "1"
+        applied = "bf16 linear layers compute in fp32" in (run / "server.log").read_text()
+        assert applied == fp32_gemm.onednn_lacks_bf16()
     serial, stock = (rundir.read_manifest(runs[p]) for p in (study.BASELINE, "stock"))
     assert [p["name"] for p in stock["phases"]] == ["warm", "cold"]
     assert [p["name"] for p in serial["phases"]] == ["cold"]  # no warm phase of its own
