@@ -34,8 +34,9 @@ from typing import Any, Callable, Iterator
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from kvscope.tracer import failsafe
 from kvscope.contract import semconv
+from kvscope.contract.counters import DISK_BACKEND_COUNTERS
+from kvscope.tracer import failsafe
 
 ENV_METRICS_DIR = "KVSCOPE_METRICS_DIR"
 ENV_PROMETHEUS_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
@@ -194,13 +195,11 @@ class MultiprocessFiles(_Publisher):
     def __init__(self, backend_stats: BackendStats = lambda: []) -> None:
         from prometheus_client import Counter, Histogram
 
-        from kvscope.contract.counters import DISK_BACKEND_COUNTERS as COUNTERS
-
         self._backend_stats = backend_stats
         self._stages = Histogram(*STAGE_DURATION, ["stage"], buckets=BUCKETS_S, registry=None)
         self._read_bytes = Counter(*READ_BYTES, registry=None)
         self._backend = {name: Counter(*_backend_counter(name), registry=None)
-                         for name in COUNTERS}
+                         for name in DISK_BACKEND_COUNTERS}
         self._refused = Counter(*REFUSED, ["reason"], registry=None)
         self._published: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -231,12 +230,10 @@ def _backend_counter(name: str) -> tuple[str, str]:
 
 def _backend_totals(snapshots: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     """(counter, "") and ("refused", reason) summed over every backend of every snapshot."""
-    from kvscope.contract.counters import DISK_BACKEND_COUNTERS as COUNTERS
-
-    totals: dict[tuple[str, str], float] = {(name, ""): 0 for name in COUNTERS}
+    totals: dict[tuple[str, str], float] = {(name, ""): 0 for name in DISK_BACKEND_COUNTERS}
     for snapshot in snapshots:
         for backend in snapshot.get("disk_backends", ()):
-            for name in COUNTERS:
+            for name in DISK_BACKEND_COUNTERS:
                 totals[(name, "")] += int(backend.get(name, 0))
             for reason, count in (backend.get("corrupt_by_reason") or {}).items():
                 totals[("refused", reason)] = totals.get(("refused", reason), 0) + count
