@@ -123,12 +123,14 @@ class BlockProbe:
     def _drain(self, bpf: Any) -> None:
         batches = [self._collector.stop()["events"], _pending_batches(bpf[b"pending"])]
         self._records = np.concatenate([_unbatch(b) for b in batches])
-        self._open = [(int(r.dev), int(r.issue_ns)) for r in bpf[b"reqs"].values() if r.issue_ns]
+        still_open = [r for r in bpf[b"reqs"].values() if r.issue_ns]
+        self._open = [(int(r.dev), int(r.issue_ns)) for r in still_open]
         self._hists = {kind: _histogram(bpf[kind.encode()]) for kind in ("queue_us", "service_us")}
         lost = bpf[b"lost"]
         self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
         self._lost["bad_record_size"] = self._collector.bad_sizes["events"]
-        self._lost.update(recursion_misses(bpf))
+        self._lost["unfinished_at_stop"] = sum(1 for r in still_open if r.tracked)
+        self._lost.update(recursion_misses(bpf, twins=self.opts.key == "rq"))
 
     def program_ids(self) -> list[int]:
         """Kernel ids of the loaded programs (`bpftool prog show id N`), to check detaching."""
@@ -184,19 +186,20 @@ def _ids_by_name(bpf: Any) -> dict[bytes, int]:
     return ids
 
 
-def recursion_misses(bpf: Any) -> dict[str, int]:
-    """Runs the kernel skipped because the program was already running on that CPU, from
-    `bpftool prog show` (-1 when bpftool is missing). Skips of the completion twins are
-    `complete_nested`: the other twin took those unless both were busy (doubly nested)."""
+def recursion_misses(bpf: Any, *, twins: bool) -> dict[str, int]:
+    """Runs the kernel skipped because a program was already running on that CPU, from
+    `bpftool prog show` (-1 when bpftool is missing). With `twins` (rq mode) skips of the
+    completion programs are `complete_nested`: the other twin took those unless both were
+    busy. Without (dev_sector mode) a skipped completion is lost, so it counts as a miss."""
     ids = _ids_by_name(bpf)
-    twins = {i for name, i in ids.items() if b"block_rq_complete" in name}
+    covered = {i for name, i in ids.items() if b"block_rq_complete" in name} if twins else set()
     misses = bpftool_misses()
     if misses is None:
         return {"recursion_misses": -1}
-    return {
-        "recursion_misses": sum(misses.get(i, 0) for i in ids.values() if i not in twins),
-        "complete_nested": sum(misses.get(i, 0) for i in twins),
-    }
+    counts = {"recursion_misses": sum(misses.get(i, 0) for i in ids.values() if i not in covered)}
+    if twins:
+        counts["complete_nested"] = sum(misses.get(i, 0) for i in covered)
+    return counts
 
 
 def bpftool_misses() -> dict[int, int] | None:

@@ -74,21 +74,28 @@ def disk_sectors(path: Path) -> list[tuple[int, int]]:
 def test_records_exactly_the_workload_reads(request, workload, key: str, on: str) -> None:
     target = request.getfixturevalue("data_file" if on == "root_disk_file" else "loop_device")
     result, rows = _probe(workload, target, key)
+    # Every read is a row or counted unfinished: a completion the kernel never handed to the
+    # probe (classic tracepoints in dev_sector mode share one per-CPU guard with every BPF
+    # program, so a completion interrupting one is skipped; seen under load, 4 of 53).
+    unfinished = result.lost_events["unfinished_at_stop"]
+    if key == "rq":  # the twin completion programs take nested completions
+        assert unfinished == 0, result.lost_events
     if on == "loop_device":  # nothing but the workload touches the loop device
-        assert len(result.block_io) == COUNT
-    assert len(rows) == COUNT
+        assert len(result.block_io) + unfinished == COUNT, result.lost_events
+    else:
+        assert COUNT - unfinished <= len(rows) <= COUNT, result.lost_events
     assert set(rows["op"]) == {"R"} and set(rows["bytes"]) == {SIZE}
-    assert rows["bytes"].sum() == COUNT * SIZE
     assert rows["sector"].is_unique
     assert set(rows["comm"]) == {"fio"}
     assert (rows["tid"] != rows["pid"]).all()  # submitted by the job thread, not fio main
     assert (rows["start_ns"] > 0).all() and (rows["issue_ns"] >= rows["start_ns"]).all()
     assert (rows["complete_ns"] > rows["issue_ns"]).all()
     # recursion_misses counts skipped runs on any device (the loop driver's nested completions
-    # can cause one); the exact row count above is what shows none of these reads was lost
+    # can cause one); the row accounting above is what shows no read went uncounted
     lost = {k: v for k, v in result.lost_events.items()
             if k not in ("recursion_misses", "complete_nested")}
-    assert lost == {"ringbuf_full": 0, "map_full": 0, "bad_record_size": 0}
+    assert lost == {"ringbuf_full": 0, "map_full": 0, "bad_record_size": 0,
+                    "unfinished_at_stop": unfinished}
     assert result.lost_events["recursion_misses"] >= 0
 
 
