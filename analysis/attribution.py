@@ -20,9 +20,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvscope.analysis import batch, blockjoin, diagnostics, server_requests, sweep
+from kvscope.analysis import batch, blockjoin, diagnostics, ledger, server_requests, sweep
 from kvscope.analysis.run import Run
 from kvscope.contract import semconv
+from kvscope.contract.ledger import ATTRIBUTION_COLUMNS as LEDGER_COLUMNS
 
 COMPONENTS = ("queueing", "kv_lookup", "storage_read", "transfer", "prefill", "other")
 STORAGE_PARTS = ("storage_device_queue", "storage_device_service", "storage_software")
@@ -42,7 +43,8 @@ NS_COLUMNS = (
     "ttft_ns", *(f"{c}_ns" for c in COMPONENTS), *(f"{c}_ns" for c in STORAGE_PARTS),
     *(f"hidden_{c}_ns" for c in DEFAULT_PRIORITY[::-1]), *(f"{c}_ns" for c in BATCH_PARTS),
 )
-COLUMNS = (*ID_COLUMNS, *NS_COLUMNS, "read_bytes", "block_io_count", "partial", "diagnostics")
+COLUMNS = (*ID_COLUMNS, *NS_COLUMNS, "read_bytes", "block_io_count", *LEDGER_COLUMNS, "partial",
+           "diagnostics")
 DEFAULT_SKEW_TOLERANCE_NS = 1_000_000
 
 
@@ -85,6 +87,8 @@ def attribute(run: Run, *, priority: tuple[str, ...] = DEFAULT_PRIORITY,
     out = _components(segs, n, priority)
     _add_batch(out, segs, batch.profile(worker, io, priority), worker.proc_of, n)
     frame = _frame(requests, out, spans, io)
+    tokens = ledger.per_request(ledger.of_run(run), requests["request_id"])
+    frame[list(LEDGER_COLUMNS)] = tokens.to_numpy()
     facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, run.request_notes,
                               worker.unidentified)
     frame["partial"], frame["diagnostics"] = diagnostics.describe(facts, skew_tolerance_ns,

@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvscope.analysis import ledger
 from kvscope.analysis.run import Run
 
 Finding = dict[str, str]
@@ -19,10 +20,16 @@ def find(run: Run, attribution: pd.DataFrame, summary: dict[str, Any]) -> list[F
     """Every finding for the run, most severe first."""
     found: list[Finding] = []
     for rule in (_input_problems, _partial_rows, _unmatched_spans, _cache_misses, _vllm_queue,
-                 _batch_wait, _storage_bound, _read_path, _disk_backend):
+                 _batch_wait, _storage_bound, _read_path, _disk_backend, _miss_reason):
         found += rule(run, attribution, summary)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f["severity"]])
+
+
+def _miss_reason(run: Run, attribution: pd.DataFrame, summary: dict) -> list[Finding]:
+    """One miss reason holds most of the tokens the KV cache did not serve."""
+    message = ledger.finding(summary.get("chunk_ledger"))
+    return [_finding("miss-reason", "info", message)] if message else []
 
 
 def _finding(id_: str, severity: str, message: str) -> Finding:

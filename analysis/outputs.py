@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvscope.analysis import report
+from kvscope.analysis import ledger, report
 from kvscope.analysis.attribution import attribute
 from kvscope.analysis.run import Run, load_run
 from kvscope.analysis.summary import ANALYSIS_VERSION, summarize
@@ -54,6 +54,7 @@ def analyze(path: str | Path, *, plots: bool = True) -> tuple[pd.DataFrame, dict
     summary["request_notes"] = run.request_notes
     summary["inputs_fingerprint"] = inputs_fingerprint(path)
     attribution.to_parquet(path / ATTRIBUTION_FILE, index=False)
+    ledger.of_run(run).to_parquet(path / rundir.CHUNK_LEDGER.file, index=False)
     run.spans.assign(attributes=run.spans["attributes"].map(
         lambda a: json.dumps(a, default=str))).to_parquet(path / SPANS_FILE, index=False)
     (path / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))

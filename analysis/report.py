@@ -26,7 +26,7 @@ def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Pat
              _depth_plot(summary, plots)]
     lines = [f"# TTFT attribution: {summary['run_id']}", "", _counts(summary), ""]
     lines += _group_table(summary) + [""] + _throughput_table(summary) + [""]
-    lines += _findings(summary) + [""]
+    lines += _ledger_table(summary) + _findings(summary) + [""]
     lines += [f"![{n}](plots/{n}.png)" for n in names if n]
     report = path / "report.md"
     report.write_text("\n".join(lines) + "\n")
@@ -61,6 +61,37 @@ def _throughput_table(summary: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['phase']} | {r['concurrency']} | {r['requests']} | {r['wall_s']:.2f} "
                      f"| {r['requests_per_s'] or 0:.2f} | {r['storage_tokens_per_s'] or 0:.0f} "
                      f"| {r['output_tokens_per_s'] or 0:.1f} | {r['mean_in_flight'] or 0:.1f} |")
+    return lines
+
+
+def _ledger_table(summary: dict[str, Any]) -> list[str]:
+    """Per-tier hit rates and the miss reasons with their TTFT cost (the chunk ledger)."""
+    return [*ledger_lines(summary.get("chunk_ledger")), ""] if summary.get("chunk_ledger") else []
+
+
+def ledger_lines(ledger: dict[str, Any] | None) -> list[str]:
+    """The chunk ledger as markdown: tiers, then miss reasons (also what `kvscope analyze`
+    prints)."""
+    if not ledger:
+        return []
+    rate = ledger["hit_rate"]
+    lines = ["## Chunk ledger", "",
+             f"{ledger['tokens']} looked-up tokens in {ledger['chunks']} chunks of "
+             f"{ledger['requests']} requests; hit "
+             f"{'-' if rate is None else f'{rate * 100:.1f} %'}", "",
+             "| tier | chunks | tokens | hit rate |", "|---|---|---|---|"]
+    for tier, t in ledger["tiers"].items():
+        share = "-" if t["hit_rate"] is None else f"{t['hit_rate'] * 100:.1f} %"
+        lines.append(f"| {tier} | {t['chunks']} | {t['tokens']} | {share} |")
+    if ledger["misses"]:
+        lines += ["", "| miss reason | chunks | tokens | share of missed | TTFT cost (s) | "
+                  "top detail |", "|---|---|---|---|---|---|"]
+        for m in ledger["misses"]:
+            cost = "-" if m["ttft_cost_s"] is None else f"{m['ttft_cost_s']:.3f}"
+            share = "-" if m["share_of_missed"] is None else f"{m['share_of_missed'] * 100:.1f} %"
+            detail = next(iter(m["details"]), "")
+            lines.append(f"| {m['reason']} | {m['chunks']} | {m['tokens']} | {share} | {cost} | "
+                         f"{detail} |")
     return lines
 
 

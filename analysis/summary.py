@@ -9,13 +9,14 @@ from typing import Any
 
 import pandas as pd
 
-from kvscope.analysis import device, findings, readpath, throughput
+from kvscope.analysis import device, findings, ledger, readpath, throughput
 from kvscope.analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
 from kvscope.analysis.run import Run
 
 # 2: batch-aware (waiting on the same worker's other requests); 3: throughput per phase, queue
-# depth per phase, the study's device ceiling
-ANALYSIS_VERSION = "3"
+# depth per phase, the study's device ceiling; 4: the chunk ledger (attribution's hit / missed
+# token columns, summary chunk_ledger, chunk_ledger.parquet)
+ANALYSIS_VERSION = "4"
 SUMMARY_COMPONENTS = ("ttft", *COMPONENTS, *STORAGE_PARTS, *BATCH_PARTS)
 QUANTILES = (50, 90, 99)
 
@@ -60,6 +61,7 @@ def summarize(run: Run, attribution: pd.DataFrame) -> dict[str, Any]:
         "throughput": throughput.per_phase(run.requests),
         "read_path": readpath.per_phase(run.block_io, run.spans, run.requests),
         "littles_law": device.littles_law(run.block_io, depth),
+        "chunk_ledger": ledger.summarize(ledger.of_run(run), run.spans),
         "problems": list(run.problems),
     }
     summary["findings"] = findings.find(run, attribution, summary)

@@ -1,4 +1,4 @@
-"""The run directory, schema v3: its layout, its tables' schemas, and how to read and write it.
+"""The run directory, schema v4: its layout, its tables' schemas, and how to read and write it.
 
 Producers (workload driver, tracer, probes) write it; analysis and dashboards only read it.
 docs/run-directory.md explains every field; TABLES below is the machine-checked part of it:
@@ -21,11 +21,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # v2 adds to v1 only (tables io_histograms / io_totals, manifest sections server / recording,
 # runs whose requests come from server spans), so a v1 run reads as it always did; v3 moves the
-# disk backend's counters from manifest.tracer to manifest.disk_backend (readers try both).
-READABLE_VERSIONS = (1, 2, 3)
+# disk backend's counters from manifest.tracer to manifest.disk_backend (readers try both);
+# v4 adds the chunk ledger (the kv.ledger span, the chunk_ledger table analysis writes from
+# it): an older run has no ledger spans and reads with an empty ledger.
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST = "manifest.json"
 SPANS_DIR = "spans"
 SERVER_LOG = "server.log"
@@ -79,6 +81,14 @@ TABLES: dict[str, TableSpec] = {
         phase=S, device=S, pid=I, op=S, **dict.fromkeys(IO_TOTALS_COUNTERS, I), window_ns=I),
         "probes (aggregate block probe)"),
 }
+
+
+# The chunk ledger: one row per chunk a request looked up, written by analysis from the
+# worker's kv.ledger spans (an output, like attribution.parquet: not checked by validate()).
+CHUNK_LEDGER = TableSpec("chunk_ledger.parquet", _schema(
+    request_id=S, vllm_request_id=S, lookup_ns=I, chunk_index=I, start_token=I, end_token=I,
+    tokens=I, chunk_hash=S, tier=S, reason=S, detail=S, fact_ns=I, stored_ns=I,
+    diverged_at=I), "analysis (from the tracer's kv.ledger spans)")
 
 
 class RunDirError(ValueError):

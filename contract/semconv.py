@@ -17,6 +17,7 @@ SPAN_STORAGE_READ = "kvscope.storage.read"  # one batch of chunk reads from the 
 SPAN_KV_TRANSFER = "kvscope.kv.transfer"  # copy into the paged KV cache (H2D on CUDA)
 SPAN_PREFILL = "kvscope.prefill"  # the forward pass over this request's uncached tokens
 SPAN_KV_STORE = "kvscope.kv.store"  # saving new KV to LMCache after the forward
+SPAN_KV_LEDGER = "kvscope.kv.ledger"  # worker: LMCache's lookup of one request, chunk by chunk
 SPAN_FIRST_TOKEN = "kvscope.first_token"  # zero-length marker at the first streamed token
 EVENT_FIRST_TOKEN = "kvscope.first_token"  # span event on the server request span
 
@@ -48,6 +49,19 @@ READ_AHEAD = "kvscope.storage.read_ahead"  # true: started at lookup, before thi
 TRANSFER_BYTES = "kvscope.transfer.bytes"
 TRANSFER_KIND = "kvscope.transfer.kind"  # "cpu_copy" here, "h2d" on CUDA
 PREFILL_TOKENS = "kvscope.prefill.tokens"
+VLLM_CACHED_TOKENS = "kvscope.kv.vllm_cached_tokens"  # on kv.lookup: vLLM's own prefix hits
+
+# The chunk ledger (contract.ledger), on SPAN_KV_LEDGER: one array element per looked-up chunk.
+LEDGER_START = "kvscope.ledger.start_token"  # [int] first token of each chunk
+LEDGER_END = "kvscope.ledger.end_token"  # [int] one past its last token
+LEDGER_KEY = "kvscope.ledger.chunk_hash"  # [str] LMCache chunk hash (hex)
+LEDGER_TIER = "kvscope.ledger.tier"  # [str] contract.ledger tier, "none" for a miss
+LEDGER_REASON = "kvscope.ledger.reason"  # [str] contract.ledger reason, "" for a hit
+LEDGER_DETAIL = "kvscope.ledger.detail"  # [str] backend name, capacity, refusal reason, error
+LEDGER_FACT_NS = "kvscope.ledger.fact_ns"  # [int] monotonic ns of the fact (eviction...), -1
+LEDGER_STORED_NS = "kvscope.ledger.stored_ns"  # [int] when the chunk was stored, -1
+LEDGER_DIVERGED_AT = "kvscope.ledger.diverged_at"  # [int] token where the prefix diverged, -1
+LEDGER_DROPPED = "kvscope.ledger.dropped"  # ledger records this process dropped so far (bound)
 
 # The columns of a run's spans as readers hold them (and as spans.parquet stores them):
 # times are the run's monotonic ns, `attributes` a dict (JSON text in spans.parquet),

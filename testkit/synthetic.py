@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvscope.contract import ledger as words
 from kvscope.testkit import synthetic_write
 
 EXPECTED_FILE = "synthetic_expected.parquet"
@@ -34,24 +35,36 @@ MS = 1_000_000
 def make_run(path: str | Path, *, n_requests: int, seed: int = 0, concurrency: int = 4,
              phases: tuple[str, ...] = ("cold",), reads_per_request: int = 2,
              ios_per_request: int = 10, hit_ratio: float = 0.8, nvme: bool = False,
-             io_bytes: int = 1 << 20, spans_per_file: int = 50_000) -> Path:
+             io_bytes: int = 1 << 20, spans_per_file: int = 50_000,
+             ledger: bool = False) -> Path:
     """Write a complete run (schema v2) at `path` (which must not hold a run) and return it.
 
     Requests are split evenly over `phases`, run one after another; within a phase,
     `concurrency` lanes each run their requests back to back, each lane with its own reader
     threads and its own worker process (no request waits on another's work). The truth is
     written to RUN/synthetic_expected.parquet (see `expected`).
+
+    `ledger`: each request also gets a chunk ledger (a kv.ledger span: PROMPT_TOKENS / 256
+    chunks, a prefix served by vLLM (from its kv.lookup's vllm_cached_tokens), the CPU and
+    the disk tier, the rest missed for a drawn reason), and its prefill span the number of
+    tokens it computed; the truth then has the attribution's ledger columns.
     """
     if n_requests < 0 or concurrency < 1 or reads_per_request < 1 or ios_per_request < 1:
         raise ValueError("n_requests >= 0, concurrency, reads_per_request, ios_per_request >= 1")
+    if reads_per_request > synthetic_write.LEDGER_SPAN_NO - 9:
+        raise ValueError(f"reads_per_request <= {synthetic_write.LEDGER_SPAN_NO - 9}")
     rng = np.random.default_rng(seed)
     plan = _plan(rng, n_requests, concurrency, phases, hit_ratio, reads_per_request)
     reads = _reads(rng, plan, reads_per_request, concurrency)
     io = _block_io(rng, plan, reads, ios_per_request, io_bytes)
+    chunks = _ledger_chunks(np.random.default_rng(seed + 1), plan) if ledger else None
     path = synthetic_write.write(Path(path), plan, reads, io, nvme=nvme, seed=seed,
                                  concurrency=concurrency, phases=phases,
-                                 spans_per_file=spans_per_file)
-    _truth(plan, io).to_parquet(path / EXPECTED_FILE, index=False)
+                                 spans_per_file=spans_per_file, chunks=chunks)
+    truth = _truth(plan, io)
+    if chunks is not None:
+        truth = pd.concat([truth, _ledger_truth(chunks, len(plan))], axis=1)
+    truth.to_parquet(path / EXPECTED_FILE, index=False)
     return path
 
 
@@ -143,6 +156,62 @@ def _block_io(rng: np.random.Generator, plan: pd.DataFrame, reads: pd.DataFrame,
     tid = 10_000 + plan["lane"].to_numpy()[key] * k + reader
     return pd.DataFrame({"key": key, "tid": tid, "start_ns": start, "issue_ns": start + queue,
                          "complete_ns": complete, "bytes": io_bytes})
+
+
+PROMPT_TOKENS = synthetic_write.PROMPT_TOKENS
+CHUNK_TOKENS = 256
+# (miss reason, detail) drawn for the chunks after the served prefix
+MISSES = ((words.NEVER_STORED, ""), (words.EVICTED_DISK, "capacity 1073741824 bytes"),
+          (words.REFUSED, "checksum"), (words.DIVERGED, "prefix diverged"),
+          (words.STORE_ENOSPC, "ENOSPC: No space left on device"),
+          (words.EVICTED_CPU, "no disk copy"))
+
+
+def _ledger_chunks(rng: np.random.Generator, plan: pd.DataFrame) -> pd.DataFrame:
+    """Per request, every chunk: served by vllm, cpu, disk (in that order) or missed.
+
+    `span_tier` / `span_reason` are what the worker's ledger span says; `tier` / `reason` the
+    truth after the join with vLLM's own hits (chunks inside vllm_cached_tokens)."""
+    n_chunks = PROMPT_TOKENS // CHUNK_TOKENS
+    rows = []
+    for key, hit in enumerate(plan["hit"].to_numpy()):
+        served = int(rng.integers(1, n_chunks + 1)) if hit else 0
+        vllm = int(rng.integers(0, served + 1)) if served else int(rng.integers(0, 3))
+        cpu = int(rng.integers(0, max(served - vllm, 0) + 1))
+        miss, detail = MISSES[int(rng.integers(0, len(MISSES)))]
+        stored = 1_000 * MS + key
+        for i in range(n_chunks):
+            tier = ("vllm" if i < vllm else "cpu" if i < vllm + cpu else "disk"
+                    if i < served else "none")
+            span_tier = words.TIER_DISK if tier == "vllm" else tier  # LMCache held it too
+            if tier == "vllm" and i >= served:
+                span_tier = "none"  # vLLM had it, LMCache did not: the join still says vllm
+            reason = "" if tier != "none" else miss
+            said = miss if span_tier == "none" else ""  # what the worker's ledger says
+            evicted = said == words.EVICTED_DISK
+            rows.append((key, i, i * CHUNK_TOKENS, (i + 1) * CHUNK_TOKENS, tier, reason,
+                         span_tier, said, detail if said else "", stored if evicted else -1,
+                         stored + 90 * 10**9 if evicted else -1,
+                         i * CHUNK_TOKENS if said == words.DIVERGED else -1, vllm))
+    return pd.DataFrame(rows, columns=[
+        "key", "chunk_index", "start", "end", "tier", "reason", "span_tier", "span_reason",
+        "detail", "stored_ns", "fact_ns", "diverged_at", "vllm_chunks"])
+
+
+def _ledger_truth(chunks: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The attribution's ledger columns of the drawn chunks."""
+    tokens = (chunks["end"] - chunks["start"]).to_numpy()
+    key = chunks["key"].to_numpy()
+    out = {"ledger_chunks": np.bincount(key, minlength=n),
+           "ledger_tokens": np.bincount(key, tokens, minlength=n)}
+    for tier in words.TIERS:
+        sel = (chunks["tier"] == tier).to_numpy()
+        out[words.hit_tokens_column(tier)] = np.bincount(key[sel], tokens[sel], minlength=n)
+    for reason in words.REASONS:
+        sel = ((chunks["tier"] == "none") & (chunks["reason"] == reason)).to_numpy()
+        out[words.missed_tokens_column(reason)] = np.bincount(key[sel], tokens[sel],
+                                                              minlength=n)
+    return pd.DataFrame(out).astype("int64")
 
 
 def _truth(plan: pd.DataFrame, io: pd.DataFrame) -> pd.DataFrame:

@@ -25,17 +25,19 @@ from kvscope.tracer.fileexport import otlp_json_document
 
 OFFSET_NS = 1_700_000_000 * 10**9 - 50_000 * 10**9  # epoch = monotonic + this
 KV_BYTES_PER_TOKEN = 262_144  # Qwen2.5-32B, bf16
+PROMPT_TOKENS = 8192  # every synthetic prompt
+LEDGER_SPAN_NO = 31  # a request's kv.ledger span number (reads are 9, 10, ...)
 LANE_PID = 20_000  # lane k's spans come from process LANE_PID + k (lanes never share a worker)
 
 
 def write(path: Path, plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame, *,
           nvme: bool, seed: int, concurrency: int, phases: tuple[str, ...],
-          spans_per_file: int) -> Path:
+          spans_per_file: int, chunks: pd.DataFrame | None = None) -> Path:
     """Create the run: manifest, requests, spans, block I/O, queue depth (and NVMe)."""
     rundir.create(path, _manifest(path, plan, seed, concurrency, phases))
     plan = plan.assign(phase=np.asarray(phases)[plan["phase_no"].to_numpy()])
     rundir.append_table(path, "requests", _requests(plan, concurrency))
-    _write_spans(path, _spans(plan, reads, io), spans_per_file)
+    _write_spans(path, _spans(plan, reads, io, chunks), spans_per_file)
     block = _block_table(plan, io, seed)
     rundir.append_table(path, "block_io", block)
     rundir.append_table(path, "queue_depth", _queue_depth(block))
@@ -71,8 +73,8 @@ def _requests(plan: pd.DataFrame, concurrency: int) -> pd.DataFrame:
     return pd.DataFrame({
         "request_id": plan["request_id"].astype(str), "phase": plan["phase"].astype(str),
         "concurrency": concurrency, "prompt_index": plan["prompt_index"].astype(np.int64),
-        "trace_id": _trace_ids(plan.index.to_numpy()), "prompt_tokens": 8192,
-        "cached_tokens": np.where(plan["hit"], 8192 - 16, 0), "output_tokens": np.full(n, 16),
+        "trace_id": _trace_ids(plan.index.to_numpy()), "prompt_tokens": PROMPT_TOKENS,
+        "cached_tokens": np.where(plan["hit"], PROMPT_TOKENS - 16, 0), "output_tokens": np.full(n, 16),
         "arrival_ns": plan["arrival"], "first_token_ns": plan["first_token"],
         "finish_ns": plan["finish"], "ttft_s": (plan["first_token"] - plan["arrival"]) / 1e9,
         "e2e_s": (plan["finish"] - plan["arrival"]) / 1e9, "status": "ok", "error": "",
@@ -88,7 +90,8 @@ def _trace_id(key: int) -> str:
     return f"5eed{key:028x}"
 
 
-def _spans(plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame) -> pd.DataFrame:
+def _spans(plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame,
+           chunks: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every span: key, number within the request, parent number, name, start, end, attrs."""
     p, hit = plan, plan["hit"].to_numpy()
     load_end = np.where(p["load_short"], p["load_start"] + p["R"], p["transfer_start"] + p["t"])
@@ -115,11 +118,53 @@ def _spans(plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame) -> pd.Data
         "key": reads["key"], "no": 9 + reads["which"], "parent": 7,
         "name": semconv.SPAN_STORAGE_READ, "start": reads["start"], "end": reads["end"],
         "tid": reads["tid"], "read_bytes": read_ios * int(io["bytes"].iloc[0] if len(io) else 0)}))
+    if chunks is not None:
+        frames.append(_ledger_spans(p, chunks))
     spans = pd.concat(frames, ignore_index=True)
+    if chunks is not None:
+        _ledger_attributes(spans, chunks)
     spans["request_id"] = plan["request_id"].to_numpy()[spans["key"].to_numpy()]
     spans["phase"] = plan["phase"].to_numpy()[spans["key"].to_numpy()]
     spans["lane"] = plan["lane"].to_numpy()[spans["key"].to_numpy()]
     return spans.sort_values(["key", "no"], kind="stable").reset_index(drop=True)
+
+
+def _ledger_spans(plan: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
+    """One kv.ledger span per request, inside its lookup, with its chunks as arrays."""
+    lookup_end = (plan["queue_start"] + plan["q"]).to_numpy()
+    attrs = {}
+    for key, group in chunks.groupby("key"):
+        attrs[key] = {
+            semconv.LEDGER_START: group["start"].tolist(), semconv.LEDGER_END: group["end"].tolist(),
+            semconv.LEDGER_KEY: [f"{key:08x}{i:08x}" for i in group["chunk_index"]],
+            semconv.LEDGER_TIER: group["span_tier"].tolist(),
+            semconv.LEDGER_REASON: group["span_reason"].tolist(),
+            semconv.LEDGER_DETAIL: [d if r else "" for d, r in zip(group["detail"],
+                                                                    group["span_reason"])],
+            semconv.LEDGER_FACT_NS: group["fact_ns"].tolist(),
+            semconv.LEDGER_STORED_NS: group["stored_ns"].tolist(),
+            semconv.LEDGER_DIVERGED_AT: group["diverged_at"].tolist(),
+            semconv.LEDGER_DROPPED: 0,
+        }
+    keys = np.array(sorted(attrs))
+    return pd.DataFrame({"key": keys, "no": LEDGER_SPAN_NO, "parent": 1,
+                         "name": semconv.SPAN_KV_LEDGER, "start": lookup_end[keys] - 1,
+                         "end": lookup_end[keys], "attrs": [attrs[k] for k in keys]})
+
+
+def _ledger_attributes(spans: pd.DataFrame, chunks: pd.DataFrame) -> None:
+    """vLLM's own hits on each kv.lookup, the computed tokens on each prefill (in place)."""
+    first = chunks.groupby("key").first()
+    computed = chunks[chunks["tier"] == "none"].groupby("key").size().reindex(
+        first.index, fill_value=0) * (chunks["end"] - chunks["start"]).iloc[0]
+    vllm = first["vllm_chunks"] * (chunks["end"] - chunks["start"]).iloc[0]
+    if "attrs" not in spans:
+        spans["attrs"] = None
+    spans["attrs"] = spans["attrs"].astype(object)
+    for i in spans.index[spans["name"] == semconv.SPAN_KV_LOOKUP]:
+        spans.at[i, "attrs"] = {semconv.VLLM_CACHED_TOKENS: int(vllm[spans.at[i, "key"]])}
+    for i in spans.index[spans["name"] == semconv.SPAN_PREFILL]:
+        spans.at[i, "attrs"] = {semconv.PREFILL_TOKENS: int(computed[spans.at[i, "key"]])}
 
 
 def _write_spans(path: Path, spans: pd.DataFrame, per_file: int) -> None:
@@ -148,6 +193,9 @@ def _sdk_spans(spans: pd.DataFrame) -> list[ReadableSpan]:
         if row.name == semconv.SPAN_STORAGE_READ:
             attributes[semconv.READ_BYTES] = int(row.read_bytes)
             attributes[semconv.READER_TIDS] = [int(row.tid)]
+        extra = getattr(row, "attrs", None)
+        if isinstance(extra, dict):
+            attributes.update(extra)
         parent = (SpanContext(trace_id, key * 32 + parent_number, False, flags)
                   if parent_number else None)
         out.append(ReadableSpan(

@@ -29,7 +29,7 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
-from kvscope.tracer import failsafe, frontend, pipeline, scheduler, storage, worker
+from kvscope.tracer import failsafe, frontend, ledger, pipeline, scheduler, storage, worker
 from kvscope.tracer.package import _instruments
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ _FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 _OUTPUTS = "vllm.v1.engine.output_processor"
 _TRANSFER_STATE = "vllm.distributed.kv_transfer.kv_transfer_state"
 _DISK = "lmcache.v1.storage_backend.local_disk_backend"
+_STORAGE = "lmcache.v1.storage_backend.storage_manager"
+_CPU = "lmcache.v1.storage_backend.local_cpu_backend"
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,18 @@ TARGETS = (
     Target(_DISK, "LocalDiskBackend", "batched_get_non_blocking",
            storage.on_stock_get_non_blocking),
     Target(_DISK, "LocalDiskBackend", "read_file", storage.on_stock_read_file),
+    # the chunk ledger (tracer/ledger.py): the worker's lookups, stores and CPU evictions
+    Target("lmcache.v1.cache_engine", "LMCacheEngine", "lookup", ledger.on_engine_lookup),
+    Target(_STORAGE, "StorageManager", "batched_contains", ledger.on_batched_contains),
+    Target(_STORAGE, "StorageManager", "batched_put", ledger.on_batched_put),
+    Target(_CPU, "LocalCPUBackend", "remove", ledger.on_cpu_remove),
 )
 
 _hooked: set[str] = set()  # modules with a post-import hook registered in this process
 _wrapped: list[tuple[type, str]] = []
 _state = {"active": False}
 _listener = storage.ParallelReadListener()
+_ledger_listener = ledger.LedgerListener()
 
 
 def wrap(owner: type, method: str, wrapper: Callable[..., Any]) -> None:
@@ -134,6 +142,7 @@ def _apply(module: ModuleType) -> None:
             wrap(owner, target.method, target.wrapper)
     if module.__name__ == pipeline.DISK_HOOKS:
         module.add_listener(_listener)
+        module.add_listener(_ledger_listener)
 
 
 class KvscopeInstrumentor(BaseInstrumentor):
@@ -163,6 +172,7 @@ class KvscopeInstrumentor(BaseInstrumentor):
         hooks = sys.modules.get(pipeline.DISK_HOOKS)
         if hooks is not None:
             hooks.remove_listener(_listener)
+            hooks.remove_listener(_ledger_listener)
         frontend.forget_all()
         scheduler.forget_all()
         worker.forget_all()

@@ -97,8 +97,10 @@ def on_lookup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     live = _live.get(request.request_id)
     if live is not None:
         hits = result[0] if isinstance(result, tuple) else result
+        computed = args[1] if len(args) > 1 else kwargs.get("num_computed_tokens", -1)
         spans.record(runtime.get(), semconv.SPAN_KV_LOOKUP, live.trace, started, ended,
-                     {semconv.HIT_TOKENS: -1 if hits is None else int(hits)})
+                     {semconv.HIT_TOKENS: -1 if hits is None else int(hits),
+                      semconv.VLLM_CACHED_TOKENS: int(computed)})
     return result
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from kvscope.tracer import async_reads, runtime, spans
+from kvscope.tracer import async_reads, ledger, runtime, spans
 from kvscope.contract import semconv
 from kvscope.tracer.scheduler import PAYLOAD_ATTR
 
@@ -99,6 +99,16 @@ def _forward_ended(step: _Step) -> None:
         if request.prefill_tokens > 0:
             spans.record(rt, semconv.SPAN_PREFILL, request.trace, step.forward_start_ns,
                          step.forward_end_ns, {semconv.PREFILL_TOKENS: request.prefill_tokens})
+    _write_ledger(rt, step)
+
+
+def _write_ledger(rt: runtime.Runtime | None, step: _Step) -> None:
+    """The chunk ledger of each request whose lookup waits (its loads, if any, are done)."""
+    for rid, request in step.requests.items():
+        record = ledger.LEDGER.take(rid)
+        if record is not None:
+            spans.record(rt, semconv.SPAN_KV_LEDGER, request.trace, record.start_ns,
+                         record.end_ns, ledger.attributes(record, ledger.LEDGER.dropped))
 
 
 def _traced_call(name: str, on_done: Callable[[Any, trace.Span], None] | None = None):
@@ -131,6 +141,10 @@ def _traced_call(name: str, on_done: Callable[[Any, trace.Span], None] | None = 
 
 def _loaded_tokens(mask: Any, span: trace.Span) -> None:
     span.set_attribute(semconv.HIT_TOKENS, int(mask.sum()) if hasattr(mask, "sum") else -1)
+    served = ledger.served_tokens(mask)
+    vllm_id = span.attributes.get(semconv.VLLM_REQUEST_ID) if span.attributes else None
+    if served is not None and vllm_id:
+        ledger.LEDGER.loaded(str(vllm_id), served)
 
 
 on_retrieve = _traced_call(semconv.SPAN_KV_LOAD, _loaded_tokens)
@@ -165,3 +179,4 @@ def transfer_kind(connector: Any, kwargs: dict) -> str:
 def forget_all() -> None:
     global _step
     _step = _Step()
+    ledger.LEDGER.forget_all()

@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.analysis import outputs
+    from kvscope.analysis import outputs, report
 
     try:
         attribution, summary = outputs.analyze(args.run, plots=not args.no_plots)
@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
         p50 = g["percentiles_ns"]
         parts = ", ".join(f"{k} {v['p50'] / 1e6:.1f}" for k, v in p50.items() if v)
         print(f"  {g['phase']} (conc {g['concurrency']}, n={g['requests']}) p50 ms: {parts}")
+    for line in report.ledger_lines(summary.get("chunk_ledger")):
+        if line:
+            print(f"  {line}")
     for f in summary["findings"]:
         print(f"  [{f['severity']}] {f['id']}: {f['message']}")
     return 0

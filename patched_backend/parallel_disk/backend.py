@@ -145,6 +145,11 @@ class ParallelDiskBackend(StoragePluginInterface):
         self._stats.add(lookup_hits=hits, lookup_misses=int(hits < len(keys)))
         return hits
 
+    def has_chunk(self, key: Hashable) -> bool:
+        """Whether ``key`` is on disk (indexed): no pin, no counter, no LRU change (the
+        tracer's chunk ledger asks this about chunks behind a missed one)."""
+        return self._index.get(key) is not None
+
     def pin(self, key: Hashable) -> bool:
         return self._index.pin(key, +1)
 

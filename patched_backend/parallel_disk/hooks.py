@@ -96,6 +96,9 @@ class StoreEvent:
     ok: bool
     error: str  # "" when ok, else e.g. "ENOSPC: No space left on device"
     writer_tid: int
+    # why it was not stored: "" when ok, "queue_full" / "no_space" (not queued: no write was
+    # tried, writer_tid -1), else the errno name ("ENOSPC", "EIO") or "error"
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class EvictEvent:
     backend_path: str
     key: str
     bytes: int
+    at_ns: int = -1  # time.monotonic_ns() of the eviction
+    capacity_bytes: int = -1  # the capacity (kvscope.capacity) that made it go
 
 
 def add_listener(listener: Any) -> None:

@@ -63,6 +63,8 @@ class ChunkWriter:
             self._stats.add(stores_dropped=1)
             logger.warning("kvscope disk: write queue full (%d MiB queued); store of %s dropped",
                            self.queue_bytes >> 20, header.key)
+            self._not_queued(header, "queue_full",
+                             f"write queue full ({self.queue_bytes} bytes queued)")
             return False
         size = file_size_for(header.payload_len)
         victims = self._index.reserve(size)
@@ -71,6 +73,8 @@ class ChunkWriter:
             self._stats.add(stores_skipped=1)
             logger.warning("kvscope disk: no evictable space for %d bytes in %s (capacity %d); "
                            "store of %s skipped", size, self._dir, self._index.capacity, header.key)
+            self._not_queued(header, "no_space",
+                             f"no evictable space within capacity {self._index.capacity} bytes")
             return False
         mem_obj.ref_count_up()
         try:
@@ -86,6 +90,12 @@ class ChunkWriter:
             self._futures.add(future)
         future.add_done_callback(self._forget)
         return True
+
+    def _not_queued(self, header: ChunkHeader, reason: str, error: str) -> None:
+        if hooks.has_listeners():
+            now = time.monotonic_ns()
+            hooks.emit("on_store", hooks.StoreEvent(self._dir, header.key, 0, now, now, False,
+                                                    error, -1, reason))
 
     def queued_bytes(self) -> int:
         """Payload bytes of writes queued or running (gauge)."""
@@ -116,7 +126,7 @@ class ChunkWriter:
     def _write(self, key: Hashable, header: ChunkHeader, mem_obj: Any, size: int,
                victims: list[Entry], on_complete: Optional[Callable[[Hashable], None]]) -> None:
         start = time.monotonic_ns()
-        error = ""
+        error = reason = ""
         try:
             self._evict(victims)
             payload = mem_obj.byte_array
@@ -125,6 +135,7 @@ class ChunkWriter:
             path, st = write_chunk(self._dir, header, payload)
         except Exception as exc:  # any failure: the reservation must come back
             error = _describe(exc)
+            reason = error.split(":", 1)[0] if isinstance(exc, OSError) else "error"
             self._index.release(size)
             self._stats.add(store_failures=1)
             logger.warning("kvscope disk: store of %s skipped: %s", header.key, error)
@@ -137,7 +148,7 @@ class ChunkWriter:
             self._dequeue(key, header.payload_len)
         hooks.emit("on_store", hooks.StoreEvent(
             self._dir, header.key, size, start, time.monotonic_ns(), not error, error,
-            threading.get_native_id()))
+            threading.get_native_id(), reason))
         if not error and on_complete is not None:
             try:
                 on_complete(key)
@@ -151,7 +162,8 @@ class ChunkWriter:
             except FileNotFoundError:
                 pass
             self._stats.add(evictions=1, evicted_bytes=entry.file_size)
-            hooks.emit("on_evict", hooks.EvictEvent(self._dir, entry.header.key, entry.file_size))
+            hooks.emit("on_evict", hooks.EvictEvent(self._dir, entry.header.key, entry.file_size,
+                                                    time.monotonic_ns(), self._index.capacity))
 
 
 

@@ -33,9 +33,26 @@ def tiny_fs(tmp_path):
 
 @pytest.mark.root
 def test_enospc_skips_the_store_and_keeps_serving(harness, tiny_fs):
+    # First Party
+    from kvscope.patched_backend.parallel_disk import hooks
+
+    failed = []
+
+    class Failed:
+        def on_store(self, event) -> None:
+            if not event.ok:
+                failed.append(event)
+
+    listener = Failed()
+    hooks.add_listener(listener)
     h = harness(tiny_fs)  # capacity 1 GiB in config, but the file system holds ~5 chunks
-    h.put(list(range(12)))
+    try:
+        h.put(list(range(12)))
+    finally:
+        hooks.remove_listener(listener)
     stats = h.backend.stats()
+    assert len(failed) == stats["store_failures"]
+    assert {e.reason for e in failed} == {"ENOSPC"}, {e.error for e in failed}
     assert stats["store_failures"] > 0, stats
     assert stats["stores"] + stats["store_failures"] == 12
     stored = [i for i in range(12) if h.backend.contains(_key(i))]

@@ -58,6 +58,9 @@ def test_lru_eviction_keeps_capacity_and_recent_chunks(harness, events):
     stats = h.backend.stats()
     assert stats["evictions"] == 1 and stats["used_bytes"] <= stats["capacity_bytes"]
     assert [e.key for e in events["on_evict"]] == [key(1).to_string()]
+    evict = events["on_evict"][0]
+    assert evict.capacity_bytes == 3 * file_size_for(CHUNK_BYTES) and evict.at_ns > 0
+    assert [h.backend.has_chunk(key(i)) for i in range(4)] == [True, False, True, True]
 
 
 def test_pinned_chunks_are_not_evicted(harness):

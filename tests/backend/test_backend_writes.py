@@ -67,6 +67,15 @@ def test_full_write_queue_drops_stores_and_counts_them(harness):
     h = harness(**{"kvscope.write_queue_bytes": 2 * CHUNK_BYTES})
     hold = _HoldFirstStore()
     hooks.add_listener(hold)
+    dropped = []
+
+    class Dropped:
+        def on_store(self, event) -> None:
+            if event.reason == "queue_full":
+                dropped.append(event)
+
+    dropped_listener = Dropped()
+    hooks.add_listener(dropped_listener)
     try:
         h.put([0], flush=False)
         assert hold.entered.wait(60)  # the writer is busy: later stores queue
@@ -74,9 +83,13 @@ def test_full_write_queue_drops_stores_and_counts_them(harness):
         stats = h.backend.stats()
         assert stats["write_queued_bytes"] == 2 * CHUNK_BYTES
         assert stats["stores_dropped"] == 7
+        assert len(dropped) == 7 and not any(e.ok for e in dropped)  # each drop is an event
+        assert all(e.writer_tid == -1 and e.error.startswith("write queue full")
+                   for e in dropped)
     finally:
         hold.release.set()
         hooks.remove_listener(hold)
+        hooks.remove_listener(dropped_listener)
     assert h.backend.flush(timeout=60)
     stats = h.backend.stats()
     assert stats["stores"] == 3 and stats["write_queued_bytes"] == 0
