@@ -30,8 +30,15 @@ SPAN_COLORS = {
 }
 IO_COLORS = {"I/O queued": "#fdd0a2", "I/O on device": "#7f2704"}
 DEVICE_BINS = 600  # points per time series: about one per pixel of a wide plot
-IO_LINE_PX = 14  # an I/O segment's thickness: a bar in its 26 px lane
+LANE_PX = 26  # a lane's height at least; more lanes than fit in WATERFALL_PX make it taller
 LABEL_PX = 7  # width of a lane label's character at Plotly's 12 px font: the left margin
+# One size for every request's waterfall (up to FIXED_LANES lanes, e.g. "storage.read #12"):
+# a figure of another height or margin makes Plotly replot it whole and dcc.Graph's resize
+# handler redraw it once more when its div changed size (bench/dashboard_render.py).
+FIXED_LANES, FIXED_LABEL_CHARS = 16, 16
+MARGIN_T, MARGIN_B = 60, 50
+WATERFALL_PX = LANE_PX * FIXED_LANES + 200
+LANES_DOMAIN, DEPTH_DOMAIN = [0.2655, 1.0], [0.0, 0.2145]  # the lanes above the depth lane
 
 
 def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -73,7 +80,7 @@ def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[s
 
 
 def _segments(name: str, lanes: list[str], start_ms: np.ndarray, end_ms: np.ndarray,
-              hover: list[str]) -> dict:
+              hover: list[str], width_px: float) -> dict:
     """Intervals as one trace of line segments (start, end, gap), each as thick as a bar: plain
     paths, without the bar layout Plotly computes for every bar of a bar trace."""
     def spaced(first, second) -> list:
@@ -84,14 +91,18 @@ def _segments(name: str, lanes: list[str], start_ms: np.ndarray, end_ms: np.ndar
     return {"type": "scatter", "mode": "lines", "name": name, "legendgroup": "io",
             "x": spaced(start_ms.tolist(), end_ms.tolist()), "y": spaced(lanes, lanes),
             "hovertext": spaced(hover, hover), "hovertemplate": f"{name}<br>%{{hovertext}}<extra></extra>",
-            "line": {"color": IO_COLORS[name], "width": IO_LINE_PX}, "xaxis": "x", "yaxis": "y"}
+            "line": {"color": IO_COLORS[name], "width": width_px}, "xaxis": "x", "yaxis": "y"}
 
 
-def _io_segments(io: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[str]]:
-    if io.empty:
-        return [], []
-    lane = _lanes(io["start_ns"].to_numpy(), io["complete_ns"].to_numpy())
-    names = [f"I/O lane {k + 1}" for k in lane]
+def _io_lanes(io: pd.DataFrame) -> list[str]:
+    """Each I/O's lane name ("I/O lane k"), packed so overlapping I/Os get their own lanes."""
+    return [f"I/O lane {k + 1}" for k in _lanes(io["start_ns"].to_numpy(), io["complete_ns"].to_numpy())]
+
+
+def _io_segments(io: pd.DataFrame, names: list[str], arrival_ns: int, width_px: float
+                 ) -> list[dict]:
+    """Queued and on-device parts of the I/Os, one trace each (empty ones too: the same traces
+    for every request, so a redraw updates them instead of rebuilding the plot)."""
     what = [text(f"{op} {b // 1024} KiB tid {t}") for op, b, t in zip(io["op"], io["bytes"], io["tid"])]
     traces = []
     for name, start, end in (("I/O queued", "start_ns", "issue_ns"),
@@ -99,8 +110,8 @@ def _io_segments(io: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[st
         start_ms = (io[start] - arrival_ns).to_numpy() / 1e6
         end_ms = (io[end] - arrival_ns).to_numpy() / 1e6
         hover = [f"{w}<br>start {s:.2f} ms<br>{e - s:.3f} ms" for w, s, e in zip(what, start_ms, end_ms)]
-        traces.append(_segments(name, names, start_ms, end_ms, hover))
-    return traces, list(dict.fromkeys(sorted(names, key=lambda s: int(s.rsplit(" ", 1)[1]))))
+        traces.append(_segments(name, names, start_ms, end_ms, hover, width_px))
+    return traces
 
 
 def _depth_in_window(depth: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
@@ -122,7 +133,12 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
     if spans.empty and io.empty:
         return empty(f"{title}: no spans and no block I/Os recorded for this request").to_plotly_json()
     span_bars, span_lanes = _span_bars(spans, arrival_ns)
-    io_bars, io_lanes = _io_segments(io, arrival_ns)
+    io_names = _io_lanes(io) if not io.empty else []
+    io_lanes = sorted(set(io_names), key=lambda s: int(s.rsplit(" ", 1)[1]))
+    lanes = span_lanes + io_lanes
+    height = max(WATERFALL_PX, LANE_PX * len(lanes) + 200)
+    lane_px = (height - MARGIN_T - MARGIN_B) * (LANES_DOMAIN[1] - LANES_DOMAIN[0]) / len(lanes)
+    io_bars = _io_segments(io, io_names, arrival_ns, round(min(lane_px * 0.55, 40), 1))
     end_ns = max([first_token_ns, *spans["end_ns"], *io["complete_ns"]])
     lane = _depth_in_window(depth, arrival_ns, end_ns)
     depth_trace = {"type": "scatter", "x": ((lane["ts_ns"] - arrival_ns) / 1e6).tolist(),
@@ -130,19 +146,19 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
                    "color": "#555555"}, "fill": "tozeroy", "name": "device in-flight",
                    "hovertemplate": "%{y} in flight at %{x:.2f} ms<extra></extra>",
                    "xaxis": "x2", "yaxis": "y2"}
-    lanes = span_lanes + io_lanes
     layout = {
         **style_json(), "title": {"text": title, "x": 0.01, "xanchor": "left"}, "barmode": "overlay",
         # no legend: the lanes name the spans (the page says which I/O colour is which), and a
         # legend pushes the margins, a second layout pass on every click
-        "showlegend": False, "margin": {"l": max(60, LABEL_PX * max(map(len, lanes)) + 16),
-                                        "r": 20, "t": 60, "b": 50},
-        "height": max(380, 26 * len(lanes) + 200),
+        "showlegend": False,
+        "margin": {"l": LABEL_PX * max(FIXED_LABEL_CHARS, *map(len, lanes)) + 16, "r": 20,
+                   "t": MARGIN_T, "b": MARGIN_B},
+        "height": height,
         "xaxis": {"anchor": "y", "matches": "x2", "showticklabels": False, "domain": [0, 1]},
         "xaxis2": {"anchor": "y2", "title": {"text": "ms since arrival"}, "domain": [0, 1]},
-        "yaxis": {"anchor": "x", "domain": [0.2655, 1.0], "categoryorder": "array",
+        "yaxis": {"anchor": "x", "domain": LANES_DOMAIN, "categoryorder": "array",
                   "categoryarray": list(reversed(lanes))},
-        "yaxis2": {"anchor": "x2", "domain": [0.0, 0.2145], "title": {"text": "in flight"},
+        "yaxis2": {"anchor": "x2", "domain": DEPTH_DOMAIN, "title": {"text": "in flight"},
                    "rangemode": "tozero"},
     }
     if first_token_ns > 0:

@@ -155,6 +155,27 @@ def test_waterfall_json_is_slim_and_sizes_its_own_margins():
     assert longest == 15 and layout["margin"]["l"] >= timeline.LABEL_PX * longest
 
 
+def test_waterfall_has_one_size_and_the_same_traces_for_every_request():
+    """Another height or margin is a whole replot, and dcc.Graph redraws once more when its div
+    changes size: two requests with different lanes get one figure size and trace list."""
+    spans, io, depth, arrival = waterfall_inputs()
+    few = timeline.waterfall(spans.iloc[:2], io.iloc[:0], depth, arrival_ns=arrival,
+                             first_token_ns=arrival + 20_000_000, title="few")
+    many = timeline.waterfall(spans, io, depth, arrival_ns=arrival,
+                              first_token_ns=arrival + 20_000_000, title="many")
+    assert len(few["layout"]["yaxis"]["categoryarray"]) == 2
+    assert len(many["layout"]["yaxis"]["categoryarray"]) == 7  # 5 span lanes, 2 I/O lanes
+    for key in ("height", "margin"):
+        assert few["layout"][key] == many["layout"][key]
+    assert [t["name"] for t in few["data"] if t["name"].startswith("I/O")] == [
+        "I/O queued", "I/O on device"]  # drawn empty: the same traces as a request with I/Os
+    tall_io = pd.concat([io] * 10, ignore_index=True)  # 20 I/Os overlap: 20 lanes
+    tall = timeline.waterfall(spans, tall_io, depth, arrival_ns=arrival,
+                              first_token_ns=arrival + 20_000_000, title="tall")
+    lanes = len(tall["layout"]["yaxis"]["categoryarray"])
+    assert lanes > timeline.FIXED_LANES and tall["layout"]["height"] >= timeline.LANE_PX * lanes
+
+
 def test_waterfall_shows_span_names_as_text():
     spans, io, depth, arrival = waterfall_inputs()
     spans.loc[1, "name"] = "<img src=x onerror=alert(1)>"
