@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import flask
 import pandas as pd
 import plotly.graph_objects as go
-from dash import Dash, Input, Output, State, dcc, html
+import plotly.io.json
+from dash import ClientsideFunction, Dash, Input, Output, State, dcc, html
 
 from kvscope.dashboards import data, figures, ids, timeline
 from kvscope.dashboards.data import RunData
@@ -56,15 +58,9 @@ def update_request_options(runs: dict[str, RunData], labels: list[str] | None,
     return options, options[0]["value"] if options else None
 
 
-# A click on the breakdown selects the request its bar carries (customdata[0], the key), in the
-# browser: no round trip before the waterfall's own callback.
-CLICKED_REQUEST_JS = """
-function(clicked) {
-    const points = (clicked && clicked.points) || [];
-    const hit = points.find(p => p.customdata);
-    return hit ? hit.customdata[0] : window.dash_clientside.no_update;
-}
-"""
+# The waterfall's figure JSON for a request key (`?key=`): what assets/waterfall.js fetches when
+# the pointer rests on a request, so the click after it draws without a round trip.
+WATERFALL_ROUTE = "/_kvscope/waterfall"
 
 
 def jaeger_link(jaeger_url: str | None, trace_id: str) -> html.A | html.Span:
@@ -87,18 +83,48 @@ def _details(view: data.RequestView) -> html.Ul:
     return html.Ul(items, className="details")
 
 
-def update_request(runs: dict[str, RunData], key: str | None,
-                   jaeger_url: str | None) -> tuple[go.Figure | dict, Any, Any]:
-    """The waterfall (as figure JSON: no plotly objects on the click path), Jaeger link and
-    breakdown text of the selected request."""
+def waterfall_of(runs: dict[str, RunData], key: str | None) -> dict:
+    """The selected request's waterfall as figure JSON (no plotly objects on the click path).
+
+    Raises:
+        KeyError: no loaded request has this key.
+    """
     if not key:
-        return figures.empty("no request selected"), "", ""
-    view = data.request_of(runs, key)
+        return figures.empty("no request selected").to_plotly_json()
+    try:
+        view = data.request_of(runs, key)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise KeyError(f"no loaded request has the key {key!r}") from e
     title = (f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
              f"TTFT {view.row['ttft_ns'] / 1e6:.1f} ms")
-    fig = timeline.waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
-                             first_token_ns=view.first_token_ns, title=title)
-    return fig, jaeger_link(jaeger_url, view.trace_id), _details(view)
+    return timeline.waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
+                              first_token_ns=view.first_token_ns, title=title)
+
+
+def update_request_details(runs: dict[str, RunData], key: str | None,
+                           jaeger_url: str | None) -> tuple[Any, Any]:
+    """The Jaeger link and breakdown text of the selected request (its waterfall is drawn in the
+    browser from `waterfall_of`)."""
+    if not key:
+        return "", ""
+    view = data.request_of(runs, key)
+    return jaeger_link(jaeger_url, view.trace_id), _details(view)
+
+
+def update_request(runs: dict[str, RunData], key: str | None,
+                   jaeger_url: str | None) -> tuple[dict, Any, Any]:
+    """Waterfall figure JSON, Jaeger link and breakdown text of the selected request."""
+    return (waterfall_of(runs, key), *update_request_details(runs, key, jaeger_url))
+
+
+def serve_waterfall(runs: dict[str, RunData], key: str | None) -> flask.Response:
+    """`WATERFALL_ROUTE`'s answer: the figure JSON, or 404 for a key no loaded request has (the
+    key picks a request in memory, never a path)."""
+    try:
+        fig = waterfall_of(runs, key)
+    except KeyError as e:
+        return flask.Response(str(e.args[0]), status=404, mimetype="text/plain")
+    return flask.Response(plotly.io.json.to_json_plotly(fig), mimetype="application/json")
 
 
 def update_device(runs: dict[str, RunData], labels: list[str] | None) -> go.Figure:
@@ -153,14 +179,24 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
     def _options(labels, phase, search, current):
         return update_request_options(runs, labels, phase, search, current)
 
-    # A click sets only the key, in the browser: the (possibly 10k) options are not resent.
-    app.clientside_callback(CLICKED_REQUEST_JS, Output(ids.REQUEST, "value", allow_duplicate=True),
+    # In the browser (assets/waterfall.js): a click sets only the key (the possibly 10k options
+    # are not resent), the waterfall is drawn from the figure fetched when the pointer rested on
+    # the request (else fetched now), and only its text comes from a server callback.
+    app.server.add_url_rule(WATERFALL_ROUTE, "kvscope_waterfall",
+                            lambda: serve_waterfall(runs, flask.request.args.get("key")))
+    app.clientside_callback(ClientsideFunction("kvscope", "prefetch"),
+                            Output(ids.WATERFALL_PREFETCH, "data"),
+                            Input(ids.BREAKDOWN_GRAPH, "hoverData"), prevent_initial_call=True)
+    app.clientside_callback(ClientsideFunction("kvscope", "clicked"),
+                            Output(ids.REQUEST, "value", allow_duplicate=True),
                             Input(ids.BREAKDOWN_GRAPH, "clickData"), prevent_initial_call=True)
+    app.clientside_callback(ClientsideFunction("kvscope", "waterfall"),
+                            Output(ids.WATERFALL_GRAPH, "figure"), Input(ids.REQUEST, "value"))
 
-    @app.callback(Output(ids.WATERFALL_GRAPH, "figure"), Output(ids.JAEGER_LINK, "children"),
-                  Output(ids.REQUEST_DETAILS, "children"), Input(ids.REQUEST, "value"))
+    @app.callback(Output(ids.JAEGER_LINK, "children"), Output(ids.REQUEST_DETAILS, "children"),
+                  Input(ids.REQUEST, "value"))
     def _request(key):
-        return update_request(runs, key, jaeger_url)
+        return update_request_details(runs, key, jaeger_url)
 
     @app.callback(Output(ids.DEVICE_GRAPH, "figure"), Input(ids.RUNS, "value"))
     def _device(labels):

@@ -12,6 +12,7 @@ FINDINGS = "findings-table"  # analysis findings ("why"), per run
 
 REQUEST = "request-dropdown"  # the request whose waterfall is shown
 WATERFALL_GRAPH = "waterfall-graph"  # spans, block I/Os and device depth of one request
+WATERFALL_PREFETCH = "waterfall-prefetch"  # a Store the hover prefetch writes nothing to
 JAEGER_LINK = "jaeger-link"  # open the request's trace in Jaeger (when configured)
 REQUEST_DETAILS = "request-details"  # the request's breakdown as text
 

@@ -54,29 +54,21 @@ def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return lanes
 
 
-def _bar(name: str, y: list[str], base: np.ndarray, x: np.ndarray, color: str, group: str,
-         hovertemplate: str) -> dict:
-    """A horizontal bar trace as plain JSON (no plotly validation: a click redraws at once)."""
-    return {"type": "bar", "orientation": "h", "name": name, "y": list(y),
-            "base": np.asarray(base, dtype=float).tolist(), "x": np.asarray(x, dtype=float).tolist(),
-            "marker": {"color": color}, "legendgroup": group, "hovertemplate": hovertemplate,
-            "xaxis": "x", "yaxis": "y"}
-
-
-def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[list[dict], list[str]]:
+def _span_bars(spans: pd.DataFrame, arrival_ns: int) -> tuple[dict, list[str]]:
+    """Every span as one horizontal bar of one trace, coloured by its name (plain JSON, no plotly
+    validation): each trace is a layer Plotly builds and styles on every redraw, so one trace,
+    not one per span name. Its lanes are the span names, "#n" from a name's second span on."""
     ordered = spans.sort_values(["start_ns", "end_ns"], kind="stable")
     short = ordered["name"].astype(str).str.removeprefix("kvscope.")
     nth = short.groupby(short).cumcount()
-    lanes = np.array([text(s if n == 0 else f"{s} #{n + 1}") for s, n in zip(short, nth)])
-    start_ms = ((ordered["start_ns"] - arrival_ns) / 1e6).to_numpy()
-    dur_ms = ((ordered["end_ns"] - ordered["start_ns"]) / 1e6).to_numpy()
-    bars = []
-    for name in dict.fromkeys(short):
-        mask = (short == name).to_numpy()
-        bars.append(_bar(text(name), lanes[mask], start_ms[mask], dur_ms[mask],
-                         SPAN_COLORS.get(name, "#7f7f7f"), "spans",
-                         "%{y}<br>start %{base:.2f} ms<br>duration %{x:.2f} ms<extra></extra>"))
-    return bars, list(lanes)
+    lanes = [text(s if n == 0 else f"{s} #{n + 1}") for s, n in zip(short, nth)]
+    bars = {"type": "bar", "orientation": "h", "name": "spans", "y": lanes,
+            "base": ((ordered["start_ns"] - arrival_ns) / 1e6).astype(float).tolist(),
+            "x": ((ordered["end_ns"] - ordered["start_ns"]) / 1e6).astype(float).tolist(),
+            "marker": {"color": [SPAN_COLORS.get(name, "#7f7f7f") for name in short]},
+            "hovertemplate": "%{y}<br>start %{base:.2f} ms<br>duration %{x:.2f} ms<extra></extra>",
+            "xaxis": "x", "yaxis": "y"}
+    return bars, lanes
 
 
 def _segments(name: str, lanes: list[str], start_ms: np.ndarray, end_ms: np.ndarray,
@@ -154,12 +146,16 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
         "margin": {"l": LABEL_PX * max(FIXED_LABEL_CHARS, *map(len, lanes)) + 16, "r": 20,
                    "t": MARGIN_T, "b": MARGIN_B},
         "height": height,
-        "xaxis": {"anchor": "y", "matches": "x2", "showticklabels": False, "domain": [0, 1]},
-        "xaxis2": {"anchor": "y2", "title": {"text": "ms since arrival"}, "domain": [0, 1]},
+        # ticklabeloverflow: the margins hold the labels; Plotly's check of every label's
+        # box against the div's is a layout pass per axis on each redraw
+        "xaxis": {"anchor": "y", "matches": "x2", "showticklabels": False, "domain": [0, 1],
+                  "ticklabeloverflow": "allow"},
+        "xaxis2": {"anchor": "y2", "title": {"text": "ms since arrival"}, "domain": [0, 1],
+                   "ticklabeloverflow": "allow"},
         "yaxis": {"anchor": "x", "domain": LANES_DOMAIN, "categoryorder": "array",
-                  "categoryarray": list(reversed(lanes))},
+                  "categoryarray": list(reversed(lanes)), "ticklabeloverflow": "allow"},
         "yaxis2": {"anchor": "x2", "domain": DEPTH_DOMAIN, "title": {"text": "in flight"},
-                   "rangemode": "tozero"},
+                   "rangemode": "tozero", "ticklabeloverflow": "allow"},
     }
     if first_token_ns > 0:
         x = (first_token_ns - arrival_ns) / 1e6
@@ -167,7 +163,7 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
                              "yref": "paper", "line": {"dash": "dot"}}]
         layout["annotations"] = [{"text": "first token", "x": x, "xref": "x", "y": 1,
                                   "yref": "paper", "showarrow": False, "yanchor": "bottom"}]
-    return {"data": span_bars + io_bars + [depth_trace], "layout": layout}
+    return {"data": [span_bars, *io_bars, depth_trace], "layout": layout}
 
 
 def build_waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,

@@ -21,4 +21,5 @@ def layout(options: list[dict[str, str]]) -> html.Section:
         html.P("I/O lanes: light while queued in the block layer, dark while on the device.",
                className="hint"),
         dcc.Graph(id=ids.WATERFALL_GRAPH, config={"displaylogo": False}),  # height: the figure's
+        dcc.Store(id=ids.WATERFALL_PREFETCH),
     ])

@@ -127,10 +127,11 @@ def test_waterfall_puts_spans_and_ios_on_ms_since_arrival():
     spans, io, depth, arrival = waterfall_inputs()
     fig = timeline.build_waterfall(spans, io, depth, arrival_ns=arrival,
                                    first_token_ns=arrival + 20_000_000, title="r1")
-    reads = next(t for t in fig.data if t.name == "storage.read")
-    assert list(reads.y) == ["storage.read", "storage.read #2"]
-    assert list(reads.base) == pytest.approx([2.0, 9.0])
-    assert list(reads.x) == pytest.approx([6.0, 2.0])
+    bars = fig.data[0]  # every span, one trace: a bar per span, coloured by its name
+    assert list(bars.y) == ["queue", "client.request", "storage.read", "storage.read #2", "prefill"]
+    assert list(bars.base) == pytest.approx([0.0, 0.0, 2.0, 9.0, 12.0])
+    assert list(bars.x) == pytest.approx([2.0, 20.0, 6.0, 2.0, 7.0])
+    assert bars.marker.color[2] == bars.marker.color[3] == timeline.SPAN_COLORS["storage.read"]
     device = next(t for t in fig.data if t.name == "I/O on device")  # segments: start, end, gap
     assert list(device.y) == ["I/O lane 1"] * 2 + [None] + ["I/O lane 2"] * 2 + [None] + [
         "I/O lane 1"] * 2 + [None]  # overlap -> own lane
@@ -167,8 +168,8 @@ def test_waterfall_has_one_size_and_the_same_traces_for_every_request():
     assert len(many["layout"]["yaxis"]["categoryarray"]) == 7  # 5 span lanes, 2 I/O lanes
     for key in ("height", "margin"):
         assert few["layout"][key] == many["layout"][key]
-    assert [t["name"] for t in few["data"] if t["name"].startswith("I/O")] == [
-        "I/O queued", "I/O on device"]  # drawn empty: the same traces as a request with I/Os
+    assert [t["name"] for t in few["data"]] == [t["name"] for t in many["data"]] == [
+        "spans", "I/O queued", "I/O on device", "device in-flight"]  # I/O traces drawn empty
     tall_io = pd.concat([io] * 10, ignore_index=True)  # 20 I/Os overlap: 20 lanes
     tall = timeline.waterfall(spans, tall_io, depth, arrival_ns=arrival,
                               first_token_ns=arrival + 20_000_000, title="tall")
@@ -181,7 +182,7 @@ def test_waterfall_shows_span_names_as_text():
     spans.loc[1, "name"] = "<img src=x onerror=alert(1)>"
     fig = timeline.build_waterfall(spans, io, depth, arrival_ns=arrival,
                                    first_token_ns=arrival + 20_000_000, title="r1")
-    assert "&lt;img src=x onerror=alert(1)&gt;" in [t.name for t in fig.data]
+    assert "&lt;img src=x onerror=alert(1)&gt;" in fig.data[0].y
 
 
 def test_lanes_pack_overlapping_intervals():
