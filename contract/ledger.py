@@ -19,7 +19,7 @@ TIERS = (TIER_VLLM, TIER_CPU, TIER_DISK, TIER_OTHER)
 
 # Why a chunk missed (its tier is TIER_NONE), most specific fact first.
 NEVER_STORED = "never_stored"  # no store of this key seen by this server
-PARTIAL_CHUNK = "partial_chunk"  # the prompt's last chunk, shorter than chunk_size: not stored
+PARTIAL_CHUNK = "partial_chunk"  # the last, shorter chunk, never stored (save_unfull_chunk on)
 STORE_QUEUED = "store_queued"  # stored, its disk write still queued or running
 STORE_QUEUE_FULL = "store_queue_full"  # disk write dropped: the write queue was full
 STORE_NO_SPACE = "store_no_space"  # disk write skipped: no evictable space within capacity

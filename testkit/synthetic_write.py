@@ -135,7 +135,8 @@ def _ledger_spans(plan: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
     attrs = {}
     for key, group in chunks.groupby("key"):
         attrs[key] = {
-            semconv.LEDGER_START: group["start"].tolist(), semconv.LEDGER_END: group["end"].tolist(),
+            semconv.LEDGER_START: group["start"].tolist(),
+            semconv.LEDGER_END: group["end"].tolist(),
             semconv.LEDGER_KEY: [f"{key:08x}{i:08x}" for i in group["chunk_index"]],
             semconv.LEDGER_TIER: group["span_tier"].tolist(),
             semconv.LEDGER_REASON: group["span_reason"].tolist(),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 
 import pytest
 
@@ -13,6 +15,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """`tmpfs(size)`: a size-limited tmpfs (mode 0700) under tmp_path (real ENOSPC), unmounted
+    at teardown; skips the test without root."""
+    mounted = []
+
+    def mount(size: str = "3m"):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a size-limited tmpfs needs root")
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                        str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture(autouse=True)

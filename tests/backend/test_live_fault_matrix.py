@@ -18,7 +18,6 @@ from pathlib import Path
 import os
 import re
 import socket
-import subprocess
 import time
 
 # Third Party
@@ -136,15 +135,8 @@ def test_fault_matrix_serves_only_verified_kv(tmp_path):
 
 
 @pytest.fixture
-def tiny_fs(tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)],
-                   check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_fs(tmpfs):
+    return tmpfs("3m")
 
 
 def test_enospc_skips_stores_and_serves_the_rest(tmp_path, tiny_fs):
