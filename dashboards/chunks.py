@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure figure builders for the chunk ledger: a request's chunks as a strip, and a run's miss
+reasons over time. DataFrame in (rows of `chunk_ledger`, contract.rundir.CHUNK_LEDGER, with a
+`run` column for the second), `go.Figure` out.
+
+A chunk is named by what happened to it: `hit: <tier>` or `miss: <reason>`; the colours keep
+hits cool and misses warm so a strip reads at a glance before any legend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvscope.contract import ledger as words
+from kvscope.dashboards.figures import _require, _style, empty, text
+
+HIT_COLORS = {words.TIER_VLLM: "#2ca02c", words.TIER_CPU: "#17becf", words.TIER_DISK: "#1f77b4",
+              words.TIER_OTHER: "#9467bd"}
+MISS_COLORS = dict(zip(words.REASONS, (
+    "#d62728", "#ff9896", "#ffbb78", "#ff7f0e", "#e377c2", "#8c564b", "#c49c94", "#bcbd22",
+    "#f7b6d2", "#7f7f7f", "#dbdb8d", "#c7c7c7", "#393b79")))
+STRIP_COLUMNS = ("chunk_index", "start_token", "end_token", "tokens", "tier", "reason",
+                 "detail", "diverged_at")
+
+
+def outcome(tier: str, reason: str) -> str:
+    """The label of a chunk in the legend: `hit: disk`, `miss: evicted_disk`."""
+    return f"miss: {reason}" if tier == words.TIER_NONE else f"hit: {tier}"
+
+
+def outcome_color(label: str) -> str:
+    kind, name = label.split(": ", 1)
+    return (HIT_COLORS if kind == "hit" else MISS_COLORS).get(name, "#7f7f7f")
+
+
+def _hover(row: pd.Series) -> str:
+    lines = [f"chunk {row.chunk_index}: tokens {row.start_token}-{row.end_token}",
+             text(outcome(row.tier, row.reason))]
+    if row.detail:
+        lines.append(text(row.detail))
+    if row.diverged_at >= 0:
+        lines.append(f"prefix diverged at token {row.diverged_at}")
+    return "<br>".join(lines)
+
+
+def chunk_strip(rows: pd.DataFrame, title: str = "Chunks of the request") -> go.Figure:
+    """One bar segment per looked-up chunk along the prompt's tokens, coloured by the tier that
+    served it or the reason it missed."""
+    _require(rows, STRIP_COLUMNS, "chunk_strip")
+    if rows.empty:
+        return empty("no chunk ledger for this request (no LMCache lookup was traced)")
+    rows = rows.sort_values("chunk_index", kind="stable")
+    labels = [outcome(t, r) for t, r in zip(rows["tier"], rows["reason"])]
+    fig = go.Figure()
+    for label in dict.fromkeys(labels):  # first-seen order: the strip's own order
+        part = rows[[lab == label for lab in labels]]
+        fig.add_trace(go.Bar(
+            x=part["tokens"], base=part["start_token"], y=["chunks"] * len(part),
+            orientation="h", name=label, marker={"color": outcome_color(label),
+                                                 "line": {"color": "white", "width": 1}},
+            hovertext=[_hover(r) for r in part.itertuples(index=False)], hoverinfo="text"))
+    fig.update_layout(barmode="overlay", height=170, yaxis={"visible": False},
+                      xaxis={"title": "prompt token"})
+    return _style(fig, title)
+
+
+def miss_reasons_over_time(ledger: pd.DataFrame, bins: int = 40,
+                           title: str = "Chunk hits and miss reasons over time") -> go.Figure:
+    """Tokens looked up per time bin (seconds since each run's first lookup), hits stacked by
+    tier and misses by reason; one panel per run."""
+    _require(ledger, ("run", "lookup_ns", "tokens", "tier", "reason"), "miss_reasons_over_time")
+    if ledger.empty:
+        return empty("no chunk ledger in these runs (runs before schema v4, or no LMCache "
+                     "lookup traced)")
+    runs = list(dict.fromkeys(ledger["run"]))
+    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[text(r) for r in runs])
+    shown: set[str] = set()
+    for i, run in enumerate(runs, start=1):
+        part = ledger[ledger["run"] == run]
+        seconds = (part["lookup_ns"] - part["lookup_ns"].min()) / 1e9
+        edges = np.linspace(0.0, max(float(seconds.max()), 1e-3), bins + 1)
+        which = np.clip(np.searchsorted(edges, seconds, side="right") - 1, 0, bins - 1)
+        centers = (edges[:-1] + edges[1:]) / 2
+        labels = pd.Series([outcome(t, r) for t, r in zip(part["tier"], part["reason"])],
+                           index=part.index)
+        for label in sorted(set(labels), key=lambda lab: (lab.startswith("miss"), lab)):
+            tokens = np.bincount(which[(labels == label).to_numpy()],
+                                 weights=part["tokens"][labels == label], minlength=bins)
+            fig.add_trace(go.Bar(x=centers, y=tokens, name=label, legendgroup=label,
+                                 showlegend=label not in shown,
+                                 marker={"color": outcome_color(label)}), row=i, col=1)
+            shown.add(label)
+        fig.update_yaxes(title_text="tokens", row=i, col=1)
+    fig.update_xaxes(title_text="s since the run's first lookup", row=len(runs), col=1)
+    fig.update_layout(barmode="stack", bargap=0.05, height=140 + 220 * len(runs))
+    return _style(fig, title)
