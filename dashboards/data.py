@@ -32,6 +32,7 @@ class RunData:
     run: analysis.Run
     attribution: pd.DataFrame  # analysis.attribute + run, key, arrival_ns, trace_id
     summary: dict
+    chunk_ledger: pd.DataFrame  # contract.rundir.CHUNK_LEDGER rows + run, phase
 
     @property
     def kv_device(self) -> str:
@@ -83,7 +84,7 @@ def parse_key(key: str) -> tuple[str, str, str]:
 def _load_one(path: Path, label: str) -> RunData:
     """The run from its analysis outputs when they are current (`kvscope analyze` wrote them
     from these very inputs), else read and analysed here."""
-    from kvscope.analysis import outputs
+    from kvscope.analysis import ledger, outputs
 
     try:
         current = outputs.load_current(path) if path.is_dir() else None
@@ -96,13 +97,19 @@ def _load_one(path: Path, label: str) -> RunData:
                              "pass a directory written by `kvscope run`")
     if current:
         attribution, summary = current[1], current[2]
+        ledger_file = path / rundir.CHUNK_LEDGER.file
+        chunks = pd.read_parquet(ledger_file) if ledger_file.exists() else \
+            rundir.CHUNK_LEDGER.schema.empty_table().to_pandas()
     else:
         attribution = analysis.attribute(run)
         summary = analysis.summarize(run, attribution)
+        chunks = ledger.of_run(run)
     extra = run.requests[["request_id", "phase", "arrival_ns", "trace_id"]]
     attribution = attribution.merge(extra, on=["request_id", "phase"], how="left")
     keys = [request_key(label, p, r) for p, r in zip(attribution["phase"], attribution["request_id"])]
-    return RunData(label, run, attribution.assign(run=label, key=keys), summary)
+    phase_of = run.requests[["request_id", "phase"]].drop_duplicates("request_id")
+    chunks = chunks.merge(phase_of, on="request_id", how="left").assign(run=label)
+    return RunData(label, run, attribution.assign(run=label, key=keys), summary, chunks)
 
 
 def load_runs(paths: Iterable[str | Path]) -> dict[str, RunData]:
@@ -238,6 +245,23 @@ def nvme_of(runs: dict[str, RunData], labels: list[str] | None) -> pd.DataFrame 
     frames = [rd.run.nvme_io.assign(run=rd.label) for rd in _pick(runs, labels)
               if not rd.run.nvme_io.empty]
     return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def chunk_ledger_of(runs: dict[str, RunData], labels: list[str] | None,
+                    phase: str | None = None) -> pd.DataFrame:
+    """The selected runs' chunk ledger rows (with `run`), optionally one phase (or COLD)."""
+    frames = [rd.chunk_ledger for rd in _pick(runs, labels)]
+    if not frames:
+        return next(iter(runs.values())).chunk_ledger.iloc[0:0]
+    frame = pd.concat(frames, ignore_index=True)
+    return frame[in_phase(frame["phase"], phase)]
+
+
+def chunks_of(runs: dict[str, RunData], key: str) -> pd.DataFrame:
+    """The chunk ledger rows of the request named by `key`, in prompt order."""
+    label, _, request_id = parse_key(key)
+    rows = runs[label].chunk_ledger
+    return rows[rows["request_id"] == request_id].sort_values("chunk_index", kind="stable")
 
 
 @dataclass(frozen=True)
