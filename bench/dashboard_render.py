@@ -8,8 +8,8 @@
 Timings: app load (from the runs' analysis outputs, as after `kvscope analyze`, next to a copy
 of the runs without them, analysed at start), first render (navigation until every graph has
 drawn its data and the waterfall shows the slowest request), and a click on a request (pointer
-already over it, hover settled: click until the waterfall shows the clicked request), next to
-the same callback called in-process. With --baseline REV the same page measurements run on
+already over it, hover settled: click until the waterfall shows the clicked request, seen from
+webdriver and in the page), next to the server's part called in-process. With --baseline REV the same page measurements run on
 `kvscope dashboard` of that revision (from `git archive`, in its own server and browser),
 alternating with this tree's, so both see the same machine load; the synthetic run is then
 written by that revision's generator, so both read it as the baseline wrote it.
@@ -52,6 +52,22 @@ const title = document.querySelector('#{ids.WATERFALL_GRAPH} .gtitle');
 return title !== null && title.textContent !== arguments[0];
 """
 TITLE_JS = f"return document.querySelector('#{ids.WATERFALL_GRAPH} .gtitle').textContent;"
+# In the page: the click's mousedown and the first animation frame after the waterfall shows
+# another request (what the eye sees), without webdriver's round trips in between.
+WATCH_CLICK_JS = f"""
+const before = arguments[0], graph = document.getElementById('{ids.WATERFALL_GRAPH}');
+const seen = window.kvscopeBench = {{}};
+document.addEventListener('mousedown', e => {{ seen.down = e.timeStamp; }}, {{capture: true, once: true}});
+const watch = new MutationObserver(() => {{
+    const title = graph.querySelector('.gtitle');
+    if (title && title.textContent !== before) {{
+        watch.disconnect();
+        requestAnimationFrame(() => {{ seen.frame = performance.now(); }});
+    }}
+}});
+watch.observe(graph, {{subtree: true, childList: true, characterData: true}});
+"""
+IN_PAGE_JS = "const s = window.kvscopeBench; return s.frame === undefined ? null : (s.frame - s.down) / 1000;"
 HOVER_SETTLE_S = 0.5  # after pointing at a request, before the click: its hover has drawn
 
 
@@ -135,9 +151,11 @@ def first_render(page: Page) -> float:
     return time.perf_counter() - start
 
 
-def click(page: Page, fraction: float) -> float:
+def click(page: Page, fraction: float) -> tuple[float, float]:
     """Point at the request `fraction` along the breakdown plot, let its hover draw, then
-    click: seconds until the waterfall shows another request."""
+    click: seconds until the waterfall shows another request, seen from webdriver (a poll every
+    10 ms, each a script the page runs when its main thread is free) and in the page (mousedown
+    until the first frame after the waterfall changed)."""
     from selenium.webdriver.common.action_chains import ActionChains
 
     area = page.driver.find_element("css selector", f"#{ids.BREAKDOWN_GRAPH} .nsewdrag")
@@ -146,18 +164,21 @@ def click(page: Page, fraction: float) -> float:
     ActionChains(page.driver, duration=0).move_to_element_with_offset(
         area, int(area.size["width"] * fraction), area.size["height"] // 2).perform()
     time.sleep(HOVER_SETTLE_S)
+    page.driver.execute_script(WATCH_CLICK_JS, before)
     start = time.perf_counter()
     ActionChains(page.driver, duration=0).click().perform()
     wait_until(page.driver, TITLE_CHANGED_JS, before, timeout_s=30)
-    return time.perf_counter() - start
+    seen = time.perf_counter() - start
+    wait_until(page.driver, IN_PAGE_JS, timeout_s=5)
+    return seen, page.driver.execute_script(IN_PAGE_JS)
 
 
 def in_process_callback(app_runs, keys: list[str]) -> list[float]:
-    """The request-selection callback alone (data selection + figure), no browser."""
+    """What the server does for a request's waterfall (data selection, figure, JSON), no browser."""
     out = []
     for key in keys:
         start = time.perf_counter()
-        callbacks.update_request(app_runs, key, None)
+        callbacks.serve_waterfall(app_runs, key)
         out.append(time.perf_counter() - start)
     return out
 
@@ -270,9 +291,12 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
             for page in pages:
                 renders[page.name].append(first_render(page))
         clicks = {p.name: [] for p in pages}
+        in_page = {p.name: [] for p in pages}
         for i in range(args.clicks):  # rank 0 is already shown
             for page in pages:
-                clicks[page.name].append(click(page, 0.2 + 0.75 * i / max(args.clicks - 1, 1)))
+                seen, drawn = click(page, 0.2 + 0.75 * i / max(args.clicks - 1, 1))
+                clicks[page.name].append(seen)
+                in_page[page.name].append(drawn)
         errors = {p.name: len([e for e in p.driver.get_log("browser") if e["level"] == "SEVERE"])
                   for p in pages}
     finally:
@@ -285,9 +309,11 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
     keys = list(next(iter(loaded.values())).attribution["key"].sample(args.clicks, random_state=1))
     _side_by_side(f"first render (navigation -> every view drawn), median of {args.repeat}",
                   renders, lambda t: f"{statistics.median(t):.2f} s")
-    _side_by_side(f"click on a request -> its waterfall drawn, median of {args.clicks}", clicks)
-    print(f"  this tree's callback in-process (select + build figure), median: "
-          f"{_median_ms(in_process_callback(loaded, keys))}")
+    _side_by_side(f"click on a request -> its waterfall drawn (webdriver), median of {args.clicks}",
+                  clicks)
+    _side_by_side("  in the page: mousedown -> first frame with its waterfall", in_page)
+    print(f"  this tree's server work for a waterfall in-process (select + figure + JSON), "
+          f"median: {_median_ms(in_process_callback(loaded, keys))}")
     print("browser console errors: " + ", ".join(f"{k} {v}" for k, v in errors.items()))
 
 

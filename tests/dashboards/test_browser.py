@@ -36,20 +36,35 @@ def test_two_runs_side_by_side_every_view_and_no_console_errors(dash_duo, synthe
     assert dash_duo.get_logs() == []
 
 
+WATERFALL_FETCHES_JS = """return performance.getEntriesByType('resource')
+    .filter(e => e.name.includes('/_kvscope/waterfall')).length;"""
+
+
 def test_clicking_a_request_bar_updates_its_waterfall(dash_duo, synthetic_runs):
     dash_duo.start_server(create_app(synthetic_runs[:1]))
     dash_duo.wait_for_contains_text(f"#{ids.WATERFALL_GRAPH} .gtitle", "TTFT", timeout=20)
     before = dash_duo.find_element(f"#{ids.WATERFALL_GRAPH} .gtitle").text
+    driver = dash_duo.driver
+    loaded = driver.execute_script(WATERFALL_FETCHES_JS)  # the slowest request's, at page load
     bars = dash_duo.find_elements(f"#{ids.BREAKDOWN_GRAPH} .bars path")
-    ActionChains(dash_duo.driver).move_to_element(bars[len(bars) // 2 - 1]).click().perform()
+    ActionChains(driver).move_to_element(bars[len(bars) // 2 - 1]).perform()
+    # the pointer rests on a request: its waterfall is fetched before any click
+    dash_duo._wait_for(lambda d: d.execute_script(WATERFALL_FETCHES_JS) == loaded + 1,
+                       timeout=20, msg="resting on a request did not fetch its waterfall")
+    driver.execute_script(f"""window.drawn = 0; document.querySelector(
+        '#{ids.WATERFALL_GRAPH} .js-plotly-plot').on('plotly_afterplot', () => window.drawn++);""")
+    ActionChains(driver).click().perform()
     title = f"#{ids.WATERFALL_GRAPH} .gtitle"
     dash_duo._wait_for(lambda d: d.find_element(By.CSS_SELECTOR, title).text != before,
                        timeout=20, msg="the waterfall did not follow the click")
-    clicked = dash_duo.find_element(f"#{ids.REQUEST}").text.split(" · ")[2]
-    assert clicked in dash_duo.find_element(title).text
+    clicked = dash_duo.find_element(title).text.split(": TTFT")[0].split(" · ")[2]
     assert clicked not in before
+    dash_duo.wait_for_contains_text(f"#{ids.REQUEST}", clicked, timeout=20)  # the dropdown follows
+    dash_duo.wait_for_contains_text(f"#{ids.REQUEST_DETAILS}", "TTFT", timeout=20)
+    assert driver.execute_script(WATERFALL_FETCHES_JS) == loaded + 1  # drawn from the fetched one
+    assert driver.execute_script("return window.drawn;") == 1  # once: not again by Dash's chain
     # its block I/Os are drawn as line segments (one path each), not as bars
-    io_traces = dash_duo.driver.execute_script(f"""
+    io_traces = driver.execute_script(f"""
         const gd = document.querySelector('#{ids.WATERFALL_GRAPH} .js-plotly-plot');
         return gd.data.filter(t => t.name.startsWith('I/O')).map(t => t.type + ' ' + t.mode);""")
     assert io_traces == ["scatter lines", "scatter lines"]

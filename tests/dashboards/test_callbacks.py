@@ -128,9 +128,34 @@ def test_served_app_lays_out_every_view_and_serves_no_files(synthetic_runs):
         assert manifest not in body and "root:x:0:0" not in body
 
 
+def test_waterfall_route_serves_a_loaded_requests_figure_and_nothing_else(synthetic_runs, loaded):
+    client = create_app(synthetic_runs).server.test_client()
+    key = loaded["parallel"].attribution["key"].iloc[3]
+    answer = client.get(callbacks.WATERFALL_ROUTE, query_string={"key": key})
+    assert answer.status_code == 200 and answer.mimetype == "application/json"
+    fig = answer.get_json()
+    assert json.loads(key)[2] in fig["layout"]["title"]["text"]
+    assert fig == json.loads(callbacks.serve_waterfall(loaded, key).get_data())  # the same figure
+    unselected = client.get(callbacks.WATERFALL_ROUTE).get_json()
+    assert "no request selected" in unselected["layout"]["annotations"][0]["text"]
+    for bad in ("../../etc/passwd", '["parallel", "cold", "no-such-request"]', '["x"]', "[1, 2, 3]",
+                json.dumps(["nope", "cold", "r1"])):
+        answer = client.get(callbacks.WATERFALL_ROUTE, query_string={"key": bad})
+        assert answer.status_code == 404, bad
+        assert "root:x:0:0" not in answer.get_data(as_text=True)
+
+
 def test_unreadable_run_is_a_clear_error(tmp_path):
     with pytest.raises(data.DashboardError, match=str(tmp_path / "missing")):
         create_app([tmp_path / "missing"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(data.DashboardError, match="empty"):
         create_app([tmp_path / "empty"])
+
+
+def test_the_browser_script_uses_the_ids_and_route_the_app_serves():
+    from kvscope.dashboards.app import ASSETS
+
+    script = (ASSETS / "waterfall.js").read_text()  # it cannot import ids.py
+    assert f"BREAKDOWN = '{ids.BREAKDOWN_GRAPH}', WATERFALL = '{ids.WATERFALL_GRAPH}'" in script
+    assert f"'{callbacks.WATERFALL_ROUTE.lstrip('/')}?key='" in script
