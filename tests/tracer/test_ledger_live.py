@@ -11,7 +11,9 @@ Server B, LMCache's CPU tier (eight chunks) with the disk tier second (room for 
 file system full at first: hits from the CPU tier, then the CPU tier evicts a prompt whose disk writes failed
 (evicted from the CPU tier, no disk copy) and one the disk tier holds (disk hits).
 Each request's ledger is read from the spans its worker wrote, and nothing is reported for a
-chunk that hit. The per-reason table is printed.
+chunk that hit; server A's spans are also imported and analysed with the CLI (`kvscope import`,
+`kvscope analyze`), whose printed tiers and reasons are checked. The per-reason table is
+printed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,7 +38,7 @@ from kvscope.analysis.otlp import read_span_files
 from kvscope.contract import ledger as words
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, SUFFIX, file_size_for
 from kvscope.patched_backend.parallel_disk.profile import lmcache_settings
-from kvscope.tracer.run import wait_for_span_files
+from kvscope.tracer.run import summarize_stats, wait_for_span_files
 from kvscope.workload import profiles
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
@@ -78,6 +82,13 @@ def _ask(server, name: str, prompt: list[int]) -> None:
     complete(server, prompt, max_tokens=1, headers={"X-Request-Id": name})
 
 
+def _no_kvscope_errors(spans_dir: Path, log: Path) -> None:
+    """The ledger's wrappers and listener raised nothing (counted per hook, logged once)."""
+    stats = summarize_stats(spans_dir, final=True)
+    assert stats["processes"] >= 2 and stats["hook_errors"] == {}, stats["hook_errors"]
+    assert "kvscope tracer (pid" not in log.read_text()
+
+
 def _ledger(spans_dir: Path) -> pd.DataFrame:
     spans, problems = read_span_files(sorted(spans_dir.glob("*.json")), 0)
     assert not problems, problems
@@ -108,6 +119,21 @@ def _print_table(title: str, table: pd.DataFrame) -> None:
     print(f"\n{title}\n| tier / reason | chunks | tokens |\n|---|---|---|")
     for label, chunks, tokens in rows:
         print(f"| {label} | {chunks} | {tokens} |")
+
+
+def _analyze(spans_dir: Path, run: Path) -> str:
+    """`kvscope import` the server's span files (not its stats/), then `kvscope analyze`, as a
+    user would; what analyze printed."""
+    traces = run.with_name(f"{run.name}-traces")
+    traces.mkdir()
+    for path in spans_dir.glob("*.json"):
+        shutil.copy(path, traces)
+    for argv in (["import", str(traces), "--out", str(run)], ["analyze", str(run),
+                                                               "--no-plots"]):
+        proc = subprocess.run([sys.executable, "-m", "kvscope.cli", *argv], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
 
 
 def _check(table: pd.DataFrame, expected: dict[str, dict[str, int]]) -> None:
@@ -159,6 +185,7 @@ def test_every_miss_reason_on_a_disk_tier_then_a_cpu_tier(tmp_path, tmpfs):
         assert wait_until(lambda: not set(kv_a.glob(f"*{SUFFIX}")) & before, 30)
         _ask(server, "A9-evicted", p1)
         _wait_ledger(spans_a, "A9-evicted")
+    _no_kvscope_errors(spans_a, tmp_path / "A" / "server.log")
     table_a = _ledger(spans_a)
     _print_table("server A (kvscope disk tier, capacity 5 chunk files)", table_a)
     _check(table_a, {
@@ -172,6 +199,12 @@ def test_every_miss_reason_on_a_disk_tier_then_a_cpu_tier(tmp_path, tmpfs):
         "A8-big": {words.NEVER_STORED: 5 * CHUNK},
         "A9-evicted": {words.EVICTED_DISK: 2 * CHUNK},
     })
+    printed = _analyze(spans_a, tmp_path / "run-a")
+    print(printed)
+    for line in ("| disk | 3 | 768 |", "| never_stored | 9 | 2304 |", "| diverged | 1 | 256 |",
+                 "| refused | 1 | 256 |", "| store_enospc | 1 | 256 |",
+                 "| evicted_disk | 2 | 512 |"):
+        assert line in printed, line
     rows = table_a.set_index(["request_id", "chunk_index"])
     assert rows.loc[("A3-diverged", 1), "diverged_at"] == CHUNK
     assert rows.loc[("A5-corrupt", 0), "detail"] == "checksum"
@@ -202,6 +235,7 @@ def test_every_miss_reason_on_a_disk_tier_then_a_cpu_tier(tmp_path, tmpfs):
         _ask(server, "B5-cpu-evicted", q1)
         _ask(server, "B6-disk", q2)
         _wait_ledger(spans_b, "B6-disk")
+    _no_kvscope_errors(spans_b, tmp_path / "B" / "server.log")
     table_b = _ledger(spans_b)
     _print_table("server B (LMCache CPU tier 8 chunks, then the kvscope disk tier)", table_b)
     _check(table_b, {
