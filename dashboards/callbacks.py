@@ -111,12 +111,6 @@ def update_request_details(runs: dict[str, RunData], key: str | None,
     return jaeger_link(jaeger_url, view.trace_id), _details(view)
 
 
-def update_request(runs: dict[str, RunData], key: str | None,
-                   jaeger_url: str | None) -> tuple[dict, Any, Any]:
-    """Waterfall figure JSON, Jaeger link and breakdown text of the selected request."""
-    return (waterfall_of(runs, key), *update_request_details(runs, key, jaeger_url))
-
-
 def serve_waterfall(runs: dict[str, RunData], key: str | None) -> flask.Response:
     """`WATERFALL_ROUTE`'s answer: the figure JSON, or 404 for a key no loaded request has (the
     key picks a request in memory, never a path)."""

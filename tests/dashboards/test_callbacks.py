@@ -78,7 +78,8 @@ def test_request_choices_slowest_first_and_a_click_selects(loaded):
 def test_request_waterfall_holds_that_requests_spans(loaded):
     key = loaded["parallel"].attribution["key"].iloc[3]
     view = data.request_of(loaded, key)
-    fig, link, details = callbacks.update_request(loaded, key, "http://jaeger:16686/")
+    fig = callbacks.waterfall_of(loaded, key)
+    link, details = callbacks.update_request_details(loaded, key, "http://jaeger:16686/")
     fig = go.Figure(fig)  # plain figure JSON on the click path; plotly validates it here
     assert {"queue", "storage.read", "prefill"} <= set(fig.data[0].y)  # the spans' lanes
     assert "device in-flight" in {t.name for t in fig.data}
