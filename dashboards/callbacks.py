@@ -173,17 +173,14 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
     def _options(labels, phase, search, current):
         return update_request_options(runs, labels, phase, search, current)
 
-    # In the browser (assets/waterfall.js): a click sets only the key (the possibly 10k options
-    # are not resent), the waterfall is drawn from the figure fetched when the pointer rested on
-    # the request (else fetched now), and only its text comes from a server callback.
+    # In the browser (assets/waterfall.js): a click on the breakdown draws the waterfall fetched
+    # when the pointer rested on the request, then sets only the dropdown's value (the possibly
+    # 10k options are not resent); only the text beside the waterfall is a server callback.
     app.server.add_url_rule(WATERFALL_ROUTE, "kvscope_waterfall",
                             lambda: serve_waterfall(runs, flask.request.args.get("key")))
     app.clientside_callback(ClientsideFunction("kvscope", "prefetch"),
                             Output(ids.WATERFALL_PREFETCH, "data"),
                             Input(ids.BREAKDOWN_GRAPH, "hoverData"), prevent_initial_call=True)
-    app.clientside_callback(ClientsideFunction("kvscope", "clicked"),
-                            Output(ids.REQUEST, "value", allow_duplicate=True),
-                            Input(ids.BREAKDOWN_GRAPH, "clickData"), prevent_initial_call=True)
     app.clientside_callback(ClientsideFunction("kvscope", "waterfall"),
                             Output(ids.WATERFALL_GRAPH, "figure"), Input(ids.REQUEST, "value"))
 

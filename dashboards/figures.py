@@ -130,7 +130,11 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
         first = trace.name == COMPONENTS[0]
         trace.customdata = trace.customdata if first else None
         trace.hovertemplate = ("%{customdata[1]}: %{y:.2f} ms" if first else "%{y:.2f} ms")
-    fig.update_layout(hovermode="x unified")  # a click anywhere above a request selects it
+    # A click anywhere above a request selects it (assets/waterfall.js, from the hover). No
+    # clickmode: Plotly neither recomputes the hover nor emits an event Dash processes first. No
+    # drag zoom by default (the modebar's zoom is one click away): its box, added at mousedown,
+    # repaints the 10k-point areas and held the next frame ~200 ms (bench/dashboard_render.py).
+    fig.update_layout(hovermode="x unified", clickmode="none", dragmode=False)
     return _style(fig, f"TTFT breakdown per request (sorted by {sort_by})")
 
 

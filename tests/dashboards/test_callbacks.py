@@ -159,4 +159,5 @@ def test_the_browser_script_uses_the_ids_and_route_the_app_serves():
 
     script = (ASSETS / "waterfall.js").read_text()  # it cannot import ids.py
     assert f"BREAKDOWN = '{ids.BREAKDOWN_GRAPH}', WATERFALL = '{ids.WATERFALL_GRAPH}'" in script
+    assert f"REQUEST = '{ids.REQUEST}'" in script
     assert f"'{callbacks.WATERFALL_ROUTE.lstrip('/')}?key='" in script

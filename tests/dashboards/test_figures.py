@@ -66,6 +66,17 @@ def test_breakdown_switches_to_stacked_area_above_max_bars():
     assert len(fig.data[0].x) == 30
 
 
+def test_breakdown_is_clicked_in_the_browser_and_not_drag_zoomed_by_default():
+    """A click selects the request its unified hover shows (assets/waterfall.js): Plotly emits
+    no click (its hover recompute and Dash's clickData would come before the waterfall) and a
+    drag draws no zoom box (it repaints the 10k-point areas before the next frame)."""
+    for bars in (10, 30):
+        fig = figures.build_breakdown(attribution("big", bars), max_bars=20)
+        assert fig.layout.hovermode == "x unified"
+        assert fig.layout.clickmode == "none" and fig.layout.dragmode is False
+        assert fig.data[0].customdata is not None  # the key the hover carries
+
+
 def test_breakdown_rejects_unknown_sort_and_missing_columns():
     with pytest.raises(ValueError, match="not one of"):
         figures.build_breakdown(attribution("a", 2), sort_by="colour")
