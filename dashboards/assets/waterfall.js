@@ -1,13 +1,12 @@
 /* The waterfall of one request, drawn in the browser from figure JSON the server sends for a
  * key (callbacks.WATERFALL_ROUTE). Pointing at a request in the breakdown for a moment fetches
  * its figure ahead, so the click that follows draws at once: no round trip on the click path,
- * and no wait for Dash either: the click draws the fetched figure, then after the next frame
- * selects the request in the dropdown (dash_clientside.set_props), whose callbacks fetch the text
- * beside it and leave the drawn waterfall as it is (Dash copies a callback's figure, so setting it again would draw it twice;
- * the graph's figure prop stays the one before, which nothing reads and the next selection
- * replaces).
- * Dash calls the functions below as clientside callbacks (callbacks.register).
- * bench/dashboard_render.py times a click. */
+ * and no wait for Dash either. The click draws the fetched figure, then after the next frame
+ * selects the request in the dropdown (dash_clientside.set_props), whose callbacks fetch the
+ * text beside it and leave the drawn waterfall as it is (Dash copies a callback's figure, so
+ * setting it again would draw it twice; the graph's figure prop stays the one before, which
+ * nothing reads and the next selection replaces). Dash calls the functions below as clientside
+ * callbacks (callbacks.register); bench/dashboard_render.py times a click. */
 (function () {
     const BREAKDOWN = 'breakdown-graph', WATERFALL = 'waterfall-graph';  // ids.py
     const REQUEST = 'request-dropdown';
