@@ -133,10 +133,15 @@ def prefill_ns_per_token(spans: pd.DataFrame) -> float | None:
 def summarize(ledger: pd.DataFrame, spans: pd.DataFrame) -> dict[str, Any] | None:
     """summary["chunk_ledger"]: tokens and hit rate per tier, miss reasons by tokens (each with
     chunks, share of the missed tokens, TTFT cost, details); None when the run has no ledger."""
+    return tally(ledger, prefill_ns_per_token(spans))
+
+
+def tally(ledger: pd.DataFrame, rate: float | None) -> dict[str, Any] | None:
+    """summarize() of any subset of a run's ledger rows (a phase, say), given the run's prefill
+    time per token `rate`."""
     if ledger.empty:
         return None
     total = int(ledger["tokens"].sum())
-    rate = prefill_ns_per_token(spans)
     hits = ledger[ledger["tier"] != words.TIER_NONE]
     misses = ledger[ledger["tier"] == words.TIER_NONE]
     missed = int(misses["tokens"].sum())

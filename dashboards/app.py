@@ -8,8 +8,8 @@ from typing import Iterable
 
 from dash import Dash, html
 
-from kvscope.dashboards import callbacks, data
-from kvscope.dashboards.pages import device, download, overview, request
+from kvscope.dashboards import callbacks, chunk_callbacks, data
+from kvscope.dashboards.pages import chunks, device, download, overview, request
 
 ASSETS = Path(__file__).with_name("assets")
 
@@ -47,8 +47,10 @@ def build_app(runs: dict[str, data.RunData], *, jaeger_url: str | None = None) -
         _header(runs),
         overview.layout(list(runs), data.phases(runs), phase),
         request.layout(data.request_options(runs, list(runs), phase)),
+        chunks.layout(),
         device.layout(has_nvme),
         download.layout(),
     ])
     callbacks.register(app, runs, jaeger_url, has_nvme)
+    chunk_callbacks.register(app, runs)
     return app

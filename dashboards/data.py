@@ -109,7 +109,8 @@ def _load_one(path: Path, label: str) -> RunData:
     keys = [request_key(label, p, r) for p, r in zip(attribution["phase"], attribution["request_id"])]
     phase_of = run.requests[["request_id", "phase"]].drop_duplicates("request_id")
     chunks = chunks.merge(phase_of, on="request_id", how="left").assign(run=label)
-    return RunData(label, run, attribution.assign(run=label, key=keys), summary, chunks)
+    attribution = attribution.assign(run=label, key=keys)
+    return RunData(label, run, attribution, summary, chunks)
 
 
 def load_runs(paths: Iterable[str | Path]) -> dict[str, RunData]:
@@ -255,6 +256,35 @@ def chunk_ledger_of(runs: dict[str, RunData], labels: list[str] | None,
         return next(iter(runs.values())).chunk_ledger.iloc[0:0]
     frame = pd.concat(frames, ignore_index=True)
     return frame[in_phase(frame["phase"], phase)]
+
+
+def chunk_tally_of(runs: dict[str, RunData], labels: list[str] | None,
+                   phase: str | None = None) -> pd.DataFrame:
+    """Per run of the selection: tokens per tier that served them and per miss reason, with the
+    share (of all looked-up tokens for a tier, of the missed ones for a reason) and the TTFT
+    cost, by analysis' ledger tally of the phase's rows."""
+    from kvscope.analysis import ledger
+    from kvscope.contract.ledger import TIER_NONE
+    from kvscope.dashboards.chunks import outcome
+
+    rows = []
+    for rd in _pick(runs, labels):
+        chunks = rd.chunk_ledger[in_phase(rd.chunk_ledger["phase"], phase)]
+        rate = (rd.summary.get("chunk_ledger") or {}).get("prefill_ns_per_token")
+        tally = ledger.tally(chunks, rate)
+        if tally is None:
+            continue
+        rows += [{"run": rd.label, "outcome": outcome(tier, ""), "chunks": t["chunks"],
+                  "tokens": t["tokens"], "share": t["hit_rate"], "ttft_cost_s": None,
+                  "detail": ""}
+                 for tier, t in tally["tiers"].items() if t["tokens"]]
+        rows += [{"run": rd.label, "outcome": outcome(TIER_NONE, m["reason"]),
+                  "chunks": m["chunks"],
+                  "tokens": m["tokens"], "share": m["share_of_missed"],
+                  "ttft_cost_s": m["ttft_cost_s"], "detail": next(iter(m["details"]), "")}
+                 for m in tally["misses"]]
+    return pd.DataFrame(rows, columns=["run", "outcome", "chunks", "tokens", "share",
+                                       "ttft_cost_s", "detail"])
 
 
 def chunks_of(runs: dict[str, RunData], key: str) -> pd.DataFrame:

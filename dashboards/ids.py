@@ -22,3 +22,7 @@ NVME_GRAPH = "nvme-graph"  # per hardware queue view (runs with nvme_io only)
 DOWNLOAD_TABLE = "download-table-dropdown"  # which shown table to download
 DOWNLOAD_BUTTON = "download-button"
 DOWNLOAD = "download"
+
+CHUNK_TABLE = "chunk-table"  # per-tier hit rates and miss reasons of the selection
+CHUNK_REASONS_GRAPH = "chunk-reasons-graph"  # tokens per tier / miss reason over time, per run
+CHUNK_STRIP_GRAPH = "chunk-strip-graph"  # the selected request's chunks, hit by tier or missed why

@@ -39,9 +39,9 @@ def synthetic_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
 
     root = tmp_path_factory.mktemp("runs")
     return (synthetic.make_run(root / "serial", n_requests=24, seed=1, concurrency=1,
-                               phases=("warm", "cold")),
+                               phases=("warm", "cold"), ledger=True),
             synthetic.make_run(root / "parallel", n_requests=24, seed=2, concurrency=4,
-                               nvme=True))
+                               nvme=True, ledger=True))
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,15 @@ def test_two_runs_side_by_side_every_view_and_no_console_errors(dash_duo, synthe
     assert selected.split(" · ")[2] in graph_text(dash_duo, ids.WATERFALL_GRAPH)
     link = dash_duo.find_element(f"#{ids.JAEGER_LINK} a").get_attribute("href")
     assert link.startswith("http://127.0.0.1:16686/trace/") and len(link.rsplit("/", 1)[1]) == 32
+    # the chunk ledger of the cold phases: tally per run, reasons over time, the request's strip
+    dash_duo.wait_for_contains_text(f"#{ids.CHUNK_TABLE}", "hit: disk", timeout=20)
+    tally = dash_duo.find_element(f"#{ids.CHUNK_TABLE}").text
+    assert "serial" in tally and "parallel" in tally and "miss: " in tally
+    reasons = graph_text(dash_duo, ids.CHUNK_REASONS_GRAPH)
+    assert "s since the run's first lookup" in reasons and "hit: disk" in reasons
+    dash_duo.wait_for_contains_text(f"#{ids.CHUNK_STRIP_GRAPH} .gtitle", selected.split(" · ")[2],
+                                    timeout=20)
+    assert dash_duo.find_elements(f"#{ids.CHUNK_STRIP_GRAPH} .bars path")
     assert dash_duo.get_logs() == []
 
 
