@@ -147,15 +147,22 @@ def default_phase(runs: dict[str, RunData]) -> str:
     return COLD if any(p.startswith("cold") for p in phases(runs)) else ALL
 
 
+def _rows_of(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
+             table: str) -> pd.DataFrame:
+    """One per-run table (`attribution`, `chunk_ledger`) of the selected runs, concatenated and
+    kept to the phase choice; empty, with its columns, when no run is selected."""
+    frames = [getattr(rd, table) for rd in _pick(runs, labels)]
+    if not frames:
+        return getattr(next(iter(runs.values())), table).iloc[0:0]
+    frame = pd.concat(frames, ignore_index=True)
+    return frame[in_phase(frame["phase"], phase)]
+
+
 def attribution_of(runs: dict[str, RunData], labels: list[str] | None,
                    phase: str | None = None) -> pd.DataFrame:
     """The selected runs' per-request attribution, optionally one phase (or COLD) only."""
-    frames = [rd.attribution for rd in _pick(runs, labels)]
-    if not frames:
-        return next(iter(runs.values())).attribution.iloc[0:0]
-    frame = pd.concat(frames, ignore_index=True)
-    frame = frame[frame["ttft_ns"].notna()]  # failed requests: counted in findings_of
-    return frame[in_phase(frame["phase"], phase)]
+    frame = _rows_of(runs, labels, phase, "attribution")
+    return frame[frame["ttft_ns"].notna()]  # failed requests: counted in findings_of
 
 
 def _summary_rows(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
@@ -251,11 +258,7 @@ def nvme_of(runs: dict[str, RunData], labels: list[str] | None) -> pd.DataFrame 
 def chunk_ledger_of(runs: dict[str, RunData], labels: list[str] | None,
                     phase: str | None = None) -> pd.DataFrame:
     """The selected runs' chunk ledger rows (with `run`), optionally one phase (or COLD)."""
-    frames = [rd.chunk_ledger for rd in _pick(runs, labels)]
-    if not frames:
-        return next(iter(runs.values())).chunk_ledger.iloc[0:0]
-    frame = pd.concat(frames, ignore_index=True)
-    return frame[in_phase(frame["phase"], phase)]
+    return _rows_of(runs, labels, phase, "chunk_ledger")
 
 
 def chunk_tally_of(runs: dict[str, RunData], labels: list[str] | None,
