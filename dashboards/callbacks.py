@@ -22,12 +22,14 @@ from kvscope.dashboards.data import RunData
 TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
+@figures.one_at_a_time
 def update_breakdown(runs: dict[str, RunData], labels: list[str] | None, phase: str | None,
                      sort_by: str) -> go.Figure:
     """Per-request TTFT breakdown of the selection."""
     return figures.build_breakdown(data.attribution_of(runs, labels, phase), sort_by=sort_by)
 
 
+@figures.one_at_a_time
 def update_summary_views(runs: dict[str, RunData], labels: list[str] | None, phase: str | None
                          ) -> tuple[go.Figure, go.Figure, go.Figure, html.Table]:
     """Per-concurrency means, percentiles, throughput and findings of the selection."""
@@ -83,6 +85,7 @@ def _details(view: data.RequestView) -> html.Ul:
     return html.Ul(items, className="details")
 
 
+@figures.one_at_a_time
 def waterfall_of(runs: dict[str, RunData], key: str | None) -> dict:
     """The selected request's waterfall as figure JSON (no plotly objects on the click path).
 
@@ -121,11 +124,13 @@ def serve_waterfall(runs: dict[str, RunData], key: str | None) -> flask.Response
     return flask.Response(plotly.io.json.to_json_plotly(fig), mimetype="application/json")
 
 
+@figures.one_at_a_time
 def update_device(runs: dict[str, RunData], labels: list[str] | None) -> go.Figure:
     depth, reads = data.device_of(runs, labels)
     return timeline.build_device(depth, reads)
 
 
+@figures.one_at_a_time
 def update_nvme(runs: dict[str, RunData], labels: list[str] | None) -> go.Figure:
     nvme = data.nvme_of(runs, labels)
     if nvme is None:

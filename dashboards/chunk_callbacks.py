@@ -8,12 +8,13 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, html
 
-from kvscope.dashboards import chunks, data, ids
+from kvscope.dashboards import chunks, data, figures, ids
 from kvscope.dashboards.figures import text
 from kvscope.dashboards.callbacks import table
 from kvscope.dashboards.data import RunData
 
 
+@figures.one_at_a_time
 def update_chunk_views(runs: dict[str, RunData], labels: list[str] | None, phase: str | None
                        ) -> tuple[html.Table | html.P, go.Figure]:
     """Per-tier hit rates and miss reasons (table), and tokens per outcome over time."""
@@ -26,6 +27,7 @@ def update_chunk_views(runs: dict[str, RunData], labels: list[str] | None, phase
             chunks.miss_reasons_over_time(data.chunk_ledger_of(runs, labels, phase)))
 
 
+@figures.one_at_a_time
 def update_chunk_strip(runs: dict[str, RunData], key: str | None) -> go.Figure:
     if not key:
         return chunks.chunk_strip(data.chunk_ledger_of(runs, []))

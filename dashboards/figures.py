@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import html
+import threading
+from typing import Callable, TypeVar
 
 import pandas as pd
 import plotly.express as px
@@ -37,6 +39,23 @@ SORT_KEYS = {
 # than a pixel look the same and ~60k SVG bars take seconds to draw (bench/dashboard_render.py).
 MAX_BARS = 2000
 PLOT_TEMPLATE = "plotly_white"
+
+
+_Built = TypeVar("_Built")
+# Plotly builds a template's defaults lazily into objects every figure shares, and that is not
+# thread safe: callbacks drawing their first figures at once fail with ValueError("Invalid
+# value") (plotly.py issue 3441; seen here as a 500 on a page's first load). Dash serves
+# callbacks from threads, so figures are built one at a time (each takes milliseconds).
+_BUILDING = threading.Lock()
+
+
+def one_at_a_time(build: Callable[..., _Built]) -> Callable[..., _Built]:
+    """`build`, holding the one figure-building lock while it runs."""
+    @functools.wraps(build)
+    def locked(*args: object, **kwargs: object) -> _Built:
+        with _BUILDING:
+            return build(*args, **kwargs)
+    return locked
 
 
 def text(value: object) -> str:
