@@ -381,14 +381,13 @@ class LedgerListener:
 
     def on_store(self, event: Any) -> None:
         with _counted("ledger.on_store"):
-            LEDGER.disk_store(event.key, event.ok, getattr(event, "reason", "") or "error",
-                              event.error, event.end_ns)
+            LEDGER.disk_store(event.key, event.ok, event.reason or "error", event.error,
+                              event.end_ns)
 
     def on_evict(self, event: Any) -> None:
         with _counted("ledger.on_evict"):
-            at = getattr(event, "at_ns", -1)
-            LEDGER.disk_evicted(event.key, at if at >= 0 else time.monotonic_ns(),
-                                getattr(event, "capacity_bytes", -1))
+            at = event.at_ns if event.at_ns >= 0 else time.monotonic_ns()
+            LEDGER.disk_evicted(event.key, at, event.capacity_bytes)
 
     def on_corrupt(self, event: Any) -> None:
         with _counted("ledger.on_corrupt"):
