@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvscope.contract import rundir
-from kvscope.workload.runner import RunOptions, execute
+from kvscope.capture.workload.runner import RunOptions, execute
 
 
 def summarize(run: Path) -> pd.DataFrame:

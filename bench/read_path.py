@@ -35,8 +35,8 @@ from pathlib import Path
 # First Party (read_path_stores sits beside this script, on sys.path as the script's folder)
 from read_path_stores import ChunkSet, Store
 
-from kvscope.ceiling import read_files
-from kvscope.workload.system import drop_page_cache
+from kvscope.capture.ceiling import read_files
+from kvscope.capture.workload.system import drop_page_cache
 
 SETS = {
     "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Helpers of bench/read_path.py: chunk sets and LMCache stores per backend path.
 
-The raw device-ceiling reader is kvscope.ceiling."""
+The raw device-ceiling reader is kvscope.capture.ceiling."""
 
 # Standard
 from dataclasses import dataclass

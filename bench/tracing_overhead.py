@@ -32,11 +32,11 @@ import pandas as pd
 
 from kvscope import analysis
 from kvscope.contract import rundir
-from kvscope.workload import runner
-from kvscope.workload.runner import RunOptions, execute
-from kvscope.workload.server import ServerConfig, ServerError
+from kvscope.capture.workload import runner
+from kvscope.capture.workload.runner import RunOptions, execute
+from kvscope.capture.workload.server import ServerConfig, ServerError
 from kvscope.analysis.otlp import read_span_files
-from kvscope.record.otlp_receiver import OtlpListener
+from kvscope.capture.record.otlp_receiver import OtlpListener
 
 SAMPLED_1PCT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                 "OTEL_TRACES_SAMPLER_ARG": "0.01"}

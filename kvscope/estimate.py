@@ -69,7 +69,7 @@ def prefill_flops(spec, tokens: int) -> float:
 
 def estimate(opts: StudyOptions, gflops: float, native: bool) -> dict[str, float]:
     """Seconds per part of the study (after set-up) on an idle machine."""
-    from kvscope import twins
+    from kvscope.capture import twins
 
     prefill_s = prefill_flops(twins.get(opts.model), opts.prompt_tokens) / (
         gflops * 1e9 * PREFILL_EFFICIENCY)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvscope import ceiling
+from kvscope.capture import ceiling
 from kvscope.contract import rundir
-from kvscope.workload import profiles
-from kvscope.workload.runner import RunOptions, execute
+from kvscope.capture.workload import profiles
+from kvscope.capture.workload.runner import RunOptions, execute
 
 BASELINE = "kvscope-serial"
 CANDIDATE = "kvscope"

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
+
+from kvscope.capture import twins
 
 
 @pytest.fixture
@@ -45,3 +50,46 @@ def _no_inherited_prometheus_multiproc_dir(monkeypatch):
     vLLM's multiprocess registry. Each test starts from a user's default; a test that wants the
     multiprocess registry sets it for its own server."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+
+MODELS_DIR = Path(os.environ.get("KVSCOPE_MODELS_DIR", Path.home() / ".cache/kvscope/models"))
+
+
+@pytest.fixture(scope="session")
+def twin_dir():
+    """`twin_dir(name)`: make (or reuse) a model twin by name and return its directory."""
+
+    def make(name: str) -> Path:
+        path, _ = twins.make(twins.get(name), MODELS_DIR / name)
+        return path
+
+    return make
+
+
+NOBODY = 65534  # the attacker of the trust tests: a real second local user
+
+
+@pytest.fixture
+def as_nobody():
+    """`as_nobody(*argv)`: run a command as uid/gid 65534 (check=True); skips without root."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as a second user needs root")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                               "--clear-groups", *argv], check=True, capture_output=True,
+                              text=True)
+    return run
+
+
+@pytest.fixture
+def shared_tmp():
+    """A world-writable sticky directory like /tmp, that the second user can reach, under a
+    fresh root-owned 0755 directory in /tmp (removed at teardown)."""
+    base = Path(tempfile.mkdtemp(prefix="kvscope-shared-"))
+    base.chmod(0o755)
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    yield shared
+    shutil.rmtree(base, ignore_errors=True)

@@ -9,7 +9,7 @@ variables) are defined in the contract alone.
 from __future__ import annotations
 
 import ast
-import tomllib
+import os
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -17,39 +17,44 @@ from pathlib import Path
 from kvscope.contract import counters, env, rundir, semconv
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kvscope"
 CONTRACT = "contract"
 READER = "reader"
 PRODUCER = "producer"
 ROOF = "roof"
-# module prefix -> side; the longest matching prefix decides
+TESTKIT = "testkit"
+# room -> side; every room (a link kvscope/<room> -> ../<room>) has exactly one, the rest of
+# kvscope/ is the roof
 SIDES = {
-    "kvscope.contract": CONTRACT,
-    "kvscope.analysis": READER, "kvscope.dashboards": READER, "kvscope.exports": READER,
-    "kvscope.tracer": PRODUCER, "kvscope.probes": PRODUCER, "kvscope.patched_backend": PRODUCER,
-    "kvscope.workload": PRODUCER, "kvscope.record": PRODUCER, "kvscope.trace_import": PRODUCER,
-    "kvscope.twins": PRODUCER, "kvscope.ceiling": PRODUCER, "kvscope.testkit": PRODUCER,
-    "kvscope": ROOF,
+    "contract": CONTRACT,
+    "analysis": READER, "dashboards": READER, "exports": READER,
+    "tracer": PRODUCER, "probes": PRODUCER, "patched_backend": PRODUCER, "capture": PRODUCER,
+    "testkit": TESTKIT,
 }
 MAY_IMPORT = {
     CONTRACT: {CONTRACT},
     READER: {CONTRACT, READER},
     PRODUCER: {CONTRACT, PRODUCER},
     ROOF: {CONTRACT, READER, PRODUCER, ROOF},
+    TESTKIT: {CONTRACT, READER, PRODUCER, TESTKIT},
 }
+
+
+def rooms() -> dict[str, Path]:
+    """The one list of rooms: each link kvscope/<room> -> ../<room>, as room name -> folder."""
+    return {link.name: link.resolve() for link in PACKAGE.iterdir() if link.is_symlink()}
 
 
 @cache
 def modules() -> dict[str, Path]:
-    """Every installed module name -> its file, from pyproject's package-dir mapping."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    """Every installed module name -> its file, walking kvscope/ through the room links."""
     found = {}
-    for package, folder in config["package-dir"].items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            name = ".".join((package, *parts))
-            found.setdefault(name, path)  # kvscope/x is kvscope.x whoever maps above it
+    for folder, _, names in os.walk(PACKAGE, followlinks=True):
+        for name in names:
+            if name.endswith(".py"):
+                parts = Path(folder, name).relative_to(PACKAGE).with_suffix("").parts
+                module = ".".join(("kvscope", *parts[:-1 if parts[-1] == "__init__" else None]))
+                found[module] = Path(folder, name).resolve()
     return found
 
 
@@ -60,9 +65,9 @@ def room(module: str) -> str:
 
 
 def side(module: str) -> str | None:
-    best = max((p for p in SIDES if module == p or module.startswith(p + ".")), key=len,
-               default=None)
-    return SIDES.get(best) if best else None
+    if not (module == "kvscope" or module.startswith("kvscope.")):
+        return None
+    return SIDES.get(module.split(".")[1], ROOF) if "." in module else ROOF
 
 
 def _resolve(importer: str, node: ast.ImportFrom) -> str:
@@ -98,6 +103,12 @@ def edges() -> frozenset[tuple[str, str]]:
 def arrow_counts() -> Counter[tuple[str, str]]:
     """Import edges between rooms, by direction (the numbers docs/architecture.md quotes)."""
     return Counter((room(a), room(b)) for a, b in edges() if room(a) != room(b))
+
+
+def test_every_room_is_linked_into_the_package_and_has_a_side():
+    folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()} - {"kvscope"}
+    assert set(rooms()) == folders == set(SIDES)
+    assert all(folder == ROOT / name for name, folder in rooms().items())
 
 
 def test_every_module_has_a_room_and_side():

@@ -42,13 +42,14 @@ print(json.dumps({
 
 
 def _copy_sources(dest: Path) -> None:
-    """pyproject, README and every mapped folder, as they are in the working tree now."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    """pyproject, README, kvscope/ with its room links, and every room, as they are now."""
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, dest / name)
-    for folder in set(config["package-dir"].values()):
-        shutil.copytree(ROOT / folder, dest / folder, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    shutil.copytree(ROOT / "kvscope", dest / "kvscope", symlinks=True, ignore=ignore)
+    for link in (ROOT / "kvscope").iterdir():
+        if link.is_symlink():
+            shutil.copytree(link.resolve(), dest / link.resolve().name, ignore=ignore)
 
 
 @pytest.fixture(scope="module")

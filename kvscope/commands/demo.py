@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvscope import estimate, study
-    from kvscope.workload.server import ServerError
-    from kvscope.workload.system import HostError
+    from kvscope.capture.workload.server import ServerError
+    from kvscope.capture.workload.system import HostError
 
     out = args.out or Path("runs") / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
     opts = study.StudyOptions(

@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.contract import rundir
-    from kvscope.trace_import import documents, importing
+    from kvscope.capture.trace_import import documents, importing
 
     if (args.source is None) == (args.url is None):
         print("kvscope import: give either a trace file/directory or --url", file=sys.stderr)

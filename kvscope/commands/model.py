@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from kvscope import twins
+    from kvscope.capture import twins
 
     spec = twins.get(args.name)
     path, made = twins.make(spec, args.dir)
@@ -31,7 +31,7 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from kvscope import twins
+    from kvscope.capture import twins
 
     for spec in twins.TWINS.values():
         print(twins.describe(spec))

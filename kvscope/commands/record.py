@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.contract import rundir
-    from kvscope.record import recording, server_processes
+    from kvscope.capture.record import recording, server_processes
 
     try:
         server = server_processes.find(args.pid, args.url)

@@ -23,8 +23,8 @@ def _levels(text: str) -> list[int]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from kvscope.workload.profiles import PROFILES
-    from kvscope.workload.runner import RunOptions
+    from kvscope.capture.workload.profiles import PROFILES
+    from kvscope.capture.workload.runner import RunOptions
 
     defaults = RunOptions(out=Path("."))
     p = subparsers.add_parser(
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from kvscope.workload.runner import RunOptions
+    from kvscope.capture.workload.runner import RunOptions
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return RunOptions(
@@ -91,10 +91,10 @@ def _terminate(signum: int, _frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvscope.patched_backend.parallel_disk.dirlock import DirectoryInUse
 
-    from kvscope.workload import report
-    from kvscope.workload.runner import execute
-    from kvscope.workload.server import ServerError
-    from kvscope.workload.system import HostError
+    from kvscope.capture.workload import report
+    from kvscope.capture.workload.runner import execute
+    from kvscope.capture.workload.server import ServerError
+    from kvscope.capture.workload.system import HostError
 
     opts = options_from_args(args)
     for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvscope.analysis import COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute, load_run, summarize
 from kvscope.analysis.attribution import BATCH_PARTS, SPAN_COMPONENT
-from analysis_testkit import memory_run
+from kvscope.testkit.memory_runs import memory_run
 
 NAME_OF = {component: name for name, component in SPAN_COMPONENT.items()}
 LOAD, STORE = "kvscope.kv.load", "kvscope.kv.store"

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from kvscope.analysis import attribute, summarize, whatif
-from analysis_testkit import memory_run
+from kvscope.testkit.memory_runs import memory_run
 
 
 def test_model_is_bandwidth_bound_until_the_queue_is_too_shallow():

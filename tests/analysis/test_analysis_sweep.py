@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kvscope.analysis import DEFAULT_PRIORITY, attribute
 from kvscope.analysis.attribution import COMPONENTS, SPAN_COMPONENT
-from analysis_testkit import memory_run
+from kvscope.testkit.memory_runs import memory_run
 
 NAME_OF = {component: name for name, component in SPAN_COMPONENT.items()}
 RID = "r0"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tracer_testkit import start_receiver
+from kvscope.testkit.tracing import start_receiver
 
 from kvscope.tracer import config, failsafe
 

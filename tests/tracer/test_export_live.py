@@ -10,13 +10,13 @@ import signal
 from pathlib import Path
 
 import pytest
-from tracer_testkit import assert_children_nest_in_parents, free_tcp_port, wait_until
-from user_server import complete, tiny_prompts, tokens_and_logprobs, user_server
+from kvscope.testkit.tracing import assert_children_nest_in_parents, free_tcp_port, wait_until
+from kvscope.testkit.user_server import complete, tiny_prompts, tokens_and_logprobs, user_server
 
 from kvscope.contract.env import ENV_CLOCK_OFFSET
 from kvscope import analysis
 from kvscope.contract import rundir, semconv
-from kvscope.workload.runner import RunOptions, execute
+from kvscope.capture.workload.runner import RunOptions, execute
 from kvscope.tracer import failsafe, pipeline, runtime
 from kvscope.tracer.run import read_stats
 

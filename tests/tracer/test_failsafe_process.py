@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-from tracer_testkit import wait_until
+from kvscope.testkit.tracing import wait_until
 
 from kvscope.contract.env import ENV_CLOCK_OFFSET
 from kvscope.tracer import config, failsafe, pipeline, runtime

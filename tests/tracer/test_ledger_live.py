@@ -29,17 +29,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from tracer_testkit import wait_until
-from user_server import complete, tiny_prompts, user_server
+from kvscope.testkit.tracing import wait_until
+from kvscope.testkit.user_server import complete, tiny_prompts, user_server
 
-from kvscope import twins
+from kvscope.capture import twins
 from kvscope.analysis import ledger as analysis_ledger
 from kvscope.analysis.otlp import read_span_files
 from kvscope.contract import ledger as words
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, SUFFIX, file_size_for
 from kvscope.patched_backend.parallel_disk.profile import lmcache_settings
 from kvscope.tracer.run import summarize_stats, wait_for_span_files
-from kvscope.workload import profiles
+from kvscope.capture.workload import profiles
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
 CHUNK = 256

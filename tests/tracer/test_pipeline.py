@@ -8,7 +8,7 @@ import time
 
 import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from tracer_testkit import free_tcp_port, wait_until
+from kvscope.testkit.tracing import free_tcp_port, wait_until
 
 from kvscope.analysis import otlp
 from kvscope.tracer import config, failsafe, pipeline

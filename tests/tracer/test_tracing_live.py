@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from tracer_testkit import assert_children_nest_in_parents, free_tcp_port
+from kvscope.testkit.tracing import assert_children_nest_in_parents, free_tcp_port
 
 from kvscope import analysis
 from kvscope.contract import rundir
-from kvscope.workload.runner import RunOptions, execute
+from kvscope.capture.workload.runner import RunOptions, execute
 from kvscope.contract import semconv
 
 pytestmark = [pytest.mark.live]

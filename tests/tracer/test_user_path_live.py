@@ -1,6 +1,6 @@
 """A user's own vLLM server with kvscope's tracing on, plain traffic, no `kvscope run`.
 
-The server is started with vLLM's own command line (tests/tracer/user_server.py); requests come
+The server is started with vLLM's own command line (testkit/user_server.py); requests come
 from a plain HTTP client, mostly without `traceparent`, and from vLLM's own benchmark client.
 What kvscope recorded is read back from the span files it wrote.
 """
@@ -16,11 +16,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tracer_testkit import assert_children_nest_in_parents, wait_until
-from user_server import MODEL, complete, tiny_model, tiny_prompts, user_server
+from kvscope.testkit.tracing import assert_children_nest_in_parents, wait_until
+from kvscope.testkit.user_server import MODEL, complete, tiny_model, tiny_prompts, user_server
 
 from kvscope.analysis.otlp import read_span_files
-from kvscope.workload.runner import expected_chunks, wait_for_stores
+from kvscope.capture.workload.runner import expected_chunks, wait_for_stores
 from kvscope.contract import semconv
 from kvscope.tracer.metrics import SERVER_TTFT, STAGES
 from kvscope.tracer.run import wait_for_span_files
