@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from kvscope.contract import files
 
 SCHEMA_VERSION = 4
 # v2 adds to v1 only (tables io_histograms / io_totals, manifest sections server / recording,
@@ -115,19 +115,6 @@ def _locked(run: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def create(run: Path, manifest: dict[str, Any]) -> Path:
     """Make a new run directory with its manifest; refuses to overwrite an existing run."""
     run = Path(run)
@@ -136,7 +123,7 @@ def create(run: Path, manifest: dict[str, Any]) -> Path:
     run.mkdir(parents=True, exist_ok=True)
     (run / SPANS_DIR).mkdir(exist_ok=True)
     body = {"schema_version": SCHEMA_VERSION, **manifest}
-    _atomic_write(run / MANIFEST, lambda f: f.write(json.dumps(body, indent=2).encode()))
+    files.atomic_write(run / MANIFEST, json.dumps(body, indent=2))
     return run
 
 
@@ -163,7 +150,7 @@ def update_manifest(run: Path, section: str, value: Any) -> None:
     with _locked(run):
         manifest = read_manifest(run)
         manifest[section] = value
-        _atomic_write(run / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode()))
+        files.atomic_write(run / MANIFEST, json.dumps(manifest, indent=2))
 
 
 def append_table(run: Path, name: str, frame: pd.DataFrame) -> None:
@@ -178,7 +165,8 @@ def append_table(run: Path, name: str, frame: pd.DataFrame) -> None:
     with _locked(Path(run)):
         if path.exists():
             frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
-        _atomic_write(path, lambda f: frame.to_parquet(f, index=False))
+        with files.atomic_writer(path) as f:
+            frame.to_parquet(f, index=False)
 
 
 def read_table(run: Path, name: str) -> pd.DataFrame | None:

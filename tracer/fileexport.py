@@ -22,6 +22,8 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from kvscope.contract import files
+
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 
@@ -60,15 +62,9 @@ class OtlpJsonFileExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         name = f"{self.prefix}-{os.getpid()}-{next(self._sequence):05d}.json"
-        target = self.directory / name
-        temporary = self.directory / f".{name}.tmp"
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps(otlp_json_document(spans), separators=(",", ":")))
-            os.replace(temporary, target)
-        except OSError:
-            temporary.unlink(missing_ok=True)
-            raise
+        self.directory.mkdir(parents=True, exist_ok=True)
+        files.atomic_write(self.directory / name,
+                           json.dumps(otlp_json_document(spans), separators=(",", ":")))
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

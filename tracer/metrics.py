@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from kvscope.contract import semconv
+from kvscope.contract import files, semconv
 from kvscope.contract.counters import DISK_BACKEND_COUNTERS
 from kvscope.tracer import failsafe
 
@@ -180,10 +180,8 @@ class SnapshotFile(_Publisher):
                     "disk_backends": self._backend_stats()}
 
     def flush(self) -> None:
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            temporary.write_text(json.dumps(self.snapshot()))
-            os.replace(temporary, self.path)
+            files.atomic_write(self.path, json.dumps(self.snapshot()))
         except OSError:
             pass  # a full or removed directory costs metrics, never serving
 

@@ -31,6 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from kvscope.contract import files
 from kvscope.tracer import config, failsafe
 from kvscope.tracer.fileexport import OtlpJsonFileExporter
 
@@ -198,10 +199,8 @@ class StatsFile:
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                temporary = self.path.with_suffix(".tmp")
-                temporary.write_text(json.dumps(
+                files.atomic_write(self.path, json.dumps(
                     {**stats, "pid": os.getpid(), **failsafe_stats()}))
-                os.replace(temporary, self.path)
             except OSError as e:
                 logger.warning("kvscope tracer: cannot write %s: %s", self.path, e)
 

@@ -17,6 +17,7 @@ import threading
 import time
 
 # First Party
+from kvscope.contract import files
 from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR
 from kvscope.patched_backend.parallel_disk import hooks
@@ -79,9 +80,7 @@ def write(target: Path) -> None:
     try:
         body = {"pid": os.getpid(), "written_ns": time.monotonic_ns(),
                 "backends": [backend.stats() for backend in hooks.live_backends()]}
-        temporary = target / f".{os.getpid()}.json.tmp"
-        temporary.write_text(json.dumps(body, default=str))
-        os.replace(temporary, target / f"{os.getpid()}.json")
+        files.atomic_write(target / f"{os.getpid()}.json", json.dumps(body, default=str))
     except Exception:  # counters are telemetry: the backend serves on
         logger.warning("kvscope disk: backend counters not written to %s", target, exc_info=True)
 

@@ -1,0 +1,196 @@
+"""How kvscope writes and reads files: one rule, safe on a host other users share.
+
+Why one rule: kvscope runs as root (`sudo kvscope record`, the probes, a tracer inside a root
+vLLM) on hosts where other local users can create directories and links in /tmp and /var/tmp.
+Whatever another user could have planted or could swap later must be neither followed, nor
+trusted, nor served. So:
+
+- a directory kvscope writes into must be owned by this process's user (or root) and not
+  writable by group or others, and every existing ancestor must be owned by root or this user
+  and, where group or others may write it, sticky (then nobody else can rename our entries);
+  kvscope creates what is missing 0700 (`private_dir`);
+- a file is written to an exclusive temporary name (O_EXCL | O_NOFOLLOW, 0600), flushed to
+  disk and renamed into place (`atomic_write`): a reader never sees half a file and a planted
+  link is replaced, never written through;
+- a file is read with O_NOFOLLOW, checked with fstat (a regular file of an expected owner) and
+  read up to a size cap (`read_bytes`).
+
+What fails the rule raises `UnsafePath`, a one-line message naming the path, what was found
+and the fix. This module imports nothing of kvscope: every room uses it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class UnsafePath(ValueError):
+    """A path that another user controls or could swap, or that is not what it must be."""
+
+
+def trusted_owners() -> frozenset[int]:
+    """This process's user and root: the only owners a privileged process may rely on."""
+    return frozenset({os.geteuid(), 0})
+
+
+def _describe(st: os.stat_result) -> str:
+    return f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def check_ancestors(path: str | os.PathLike[str]) -> None:
+    """UnsafePath unless every existing ancestor of `path` (as written and as resolved) is a
+    directory owned by root or this user, sticky where group or others may write it."""
+    owners = trusted_owners()
+    absolute = Path(os.path.abspath(path))
+    for ancestor in {*absolute.parents, *Path(os.path.realpath(absolute)).parents}:
+        try:
+            st = os.stat(ancestor)
+        except FileNotFoundError:
+            continue
+        if st.st_uid not in owners:
+            raise UnsafePath(
+                f"{path}: its parent {ancestor} is owned by uid {st.st_uid} ({_describe(st)}), "
+                f"who could swap what lies below it; use a directory under one owned by root "
+                f"or uid {os.geteuid()}")
+        if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafePath(
+                f"{path}: its parent {ancestor} is writable by other users and not sticky "
+                f"({_describe(st)}), so they could replace what lies below it; "
+                f"`chmod o-w,g-w {ancestor}` or use another directory")
+
+
+def check_private_dir(path: str | os.PathLike[str]) -> None:
+    """UnsafePath unless `path` is a real directory (not a link) owned by this user or root,
+    writable by nobody else, under ancestors that pass `check_ancestors`."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise UnsafePath(f"{path}: {exc.strerror}; create it or name another directory") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(f"{path} is a symbolic link (to {os.path.realpath(path)}); name the "
+                         f"real directory after checking who owns it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{path} is not a directory")
+    if st.st_uid not in trusted_owners():
+        raise UnsafePath(
+            f"{path} is owned by another user ({_describe(st)}), who could read or plant files "
+            f"there; use a directory of your own (uid {os.geteuid()})")
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        raise UnsafePath(
+            f"{path} is writable by other users ({_describe(st)}), who could plant or swap "
+            f"files there; `chmod 700 {path}` or use another directory")
+    check_ancestors(path)
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """`path`, created 0700 with any missing parents, after `check_private_dir` (the parents
+    created here are checked too)."""
+    target = Path(os.path.abspath(path))
+    missing = []
+    probe = target
+    while not os.path.lexists(probe) and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            pass  # made meanwhile by someone: checked below like any existing directory
+        except OSError as exc:
+            raise UnsafePath(f"{target}: cannot create {directory} ({exc.strerror}); name a "
+                             f"directory you can write") from None
+    check_private_dir(target)
+    return target
+
+
+@contextmanager
+def atomic_writer(path: str | os.PathLike[str], mode: int = PRIVATE_FILE_MODE) -> Iterator[IO[bytes]]:
+    """A binary file that becomes `path` only when the block ends without an exception.
+
+    The temporary file is created exclusively (mkstemp: O_EXCL | O_NOFOLLOW) in `path`'s own
+    directory, flushed to disk, given `mode`, then renamed over `path`; a link planted at
+    `path` is replaced, not followed. The directory itself is the caller's to check."""
+    target = Path(path)
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            yield file
+            file.flush()
+            os.fchmod(file.fileno(), mode)
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str,
+                 mode: int = PRIVATE_FILE_MODE) -> None:
+    """Write `data` (str as UTF-8) to `path` through `atomic_writer`."""
+    with atomic_writer(path, mode) as file:
+        file.write(data.encode() if isinstance(data, str) else data)
+
+
+@contextmanager
+def open_trusted(path: str | os.PathLike[str], max_bytes: int,
+                 owners: Iterable[int] | None = None) -> Iterator[IO[bytes]]:
+    """`path` open for reading, if it is a regular file (not a link, a FIFO or a device) of one
+    of `owners` (default `trusted_owners()`) and at most `max_bytes` long; else UnsafePath."""
+    allowed = frozenset(trusted_owners() if owners is None else owners)
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link as the last component
+            raise UnsafePath(f"{path} is a symbolic link; kvscope reads no file through a "
+                             f"link in a place others may write") from None
+        raise
+    try:
+        _check_open_file(path, os.fstat(fd), allowed, max_bytes)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as file:
+        yield file
+
+
+def _check_open_file(path: str | os.PathLike[str], st: os.stat_result, owners: frozenset[int],
+                     max_bytes: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(f"{path} is not a regular file; remove it or name a regular file")
+    if st.st_uid not in owners:
+        raise UnsafePath(f"{path} is owned by uid {st.st_uid}, not by {sorted(owners)}: "
+                         f"another user could have written it; it was not read")
+    if st.st_size > max_bytes:
+        raise UnsafePath(f"{path} is {st.st_size} bytes, over the {max_bytes}-byte cap for "
+                         f"this file; it was not read")
+
+
+def read_bytes(path: str | os.PathLike[str], max_bytes: int,
+               owners: Iterable[int] | None = None) -> bytes:
+    """The contents of `path`, read through `open_trusted` (a file that grows past the cap
+    while being read is refused too)."""
+    with open_trusted(path, max_bytes, owners) as file:
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnsafePath(f"{path} grew past the {max_bytes}-byte cap while being read; "
+                         f"it was not read")
+    return data
+
+
+def copy_trusted(source: str | os.PathLike[str], target: str | os.PathLike[str],
+                 max_bytes: int, owners: Iterable[int] | None = None) -> None:
+    """Copy one file `source` -> `target` under both rules: read through `open_trusted`,
+    written through `atomic_writer`."""
+    data = read_bytes(source, max_bytes, owners)
+    atomic_write(target, data)
