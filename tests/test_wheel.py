@@ -24,7 +24,7 @@ OLD_TOP_LEVEL = ("analysis", "tracer", "probes", "dashboards", "patched_backend"
 GROUPS = ("vllm.general_plugins", "opentelemetry_instrumentor", "console_scripts")
 INSPECT = """
 import importlib, importlib.metadata as md, importlib.util, json, sys
-from kvscope.patched_backend.parallel_disk import profile
+from kvscope.patched_backend.parallel_disk import lmcache_config
 from kvscope.contract import rundir
 from kvscope.analysis import acceptance
 from kvscope.dashboards import app
@@ -34,7 +34,7 @@ loaded = [ep.name for g in ("vllm.general_plugins", "opentelemetry_instrumentor"
           for ep in md.entry_points(group=g) if ep.dist.name == "kvscope" and callable(ep.load())]
 print(json.dumps({
     "top_level": [n for n in %r if importlib.util.find_spec(n) is not None],
-    "lmcache_module": importlib.util.find_spec(profile.MODULE).origin,
+    "lmcache_module": importlib.util.find_spec(lmcache_config.MODULE).origin,
     "contract": rundir.__file__, "entry_points": eps, "loaded": loaded,
     "data": [str(acceptance.EXAMPLE), *map(str, app.ASSETS.glob("*.css"))],
 }))

@@ -56,7 +56,7 @@ def _async_loading(build: Callable[[Path], dict[str, Any]]) -> Callable[[Path], 
 
 def _kvscope(mode: str, **knobs: Any) -> Callable[[Path], dict[str, Any]]:
     def build(kv_dir: Path) -> dict[str, Any]:
-        from kvscope.patched_backend.parallel_disk.profile import lmcache_settings
+        from kvscope.patched_backend.parallel_disk.lmcache_config import lmcache_settings
 
         return lmcache_settings(kv_dir, mode=mode, **knobs)
 
@@ -87,7 +87,7 @@ def with_kvscope_copy(config: dict[str, Any], copy_dir: Path) -> dict[str, Any]:
     """`config` plus a write-only kvscope tier on copy_dir, listed after the config's own
     tiers: it stores every chunk in kvscope's format for a later kvscope server and answers no
     lookup, so the config's own tier serves every hit (the study's shared warm phase)."""
-    from kvscope.patched_backend.parallel_disk.profile import lmcache_settings
+    from kvscope.patched_backend.parallel_disk.lmcache_config import lmcache_settings
 
     if config.get("storage_plugins"):
         raise ValueError("a kvscope copy goes beside LMCache's own disk tier, not a plugin's")

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from kvscope.patched_backend import fp32_gemm
+from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
 LOG_TAIL_LINES = 40
 

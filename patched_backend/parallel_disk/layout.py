@@ -2,7 +2,7 @@
 """The physical layout identity of the KV bytes in a chunk: what a reader must match exactly.
 
 Why: the bytes of a chunk are whatever the KV connector copied out of the engine. kvscope's
-CPU connector (``patched_backend/cpu_connector.py``) copies raw vLLM-CPU blocks, whose byte
+CPU connector (``patched_backend/vllm_cpu/connector.py``) copies raw vLLM-CPU blocks, whose byte
 order depends on vLLM's ``--block-size`` and on the CPU attention kernel's packing (chosen by
 block size, dtype and head size), not LMCache's ``KV_2LTD``. Geometry (layers, hidden, dtype)
 alone then matches a chunk written with ``--block-size 128`` to an engine using 32, and serves

@@ -186,7 +186,7 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
                               kv_dir_base=tmp_path / "kv")
     runs = study.run_study(opts)
     assert list(runs) == [study.BASELINE, "stock"]  # the order asked for, not the run order
-    from kvscope.patched_backend import fp32_gemm
+    from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
     for run in runs.values():  # bf16 layers in fp32 exactly where oneDNN has no bf16 matmul
         assert rundir.read_manifest(run)["server"]["env"][fp32_gemm.ENV] == "1"

@@ -39,7 +39,7 @@ def vllm_block_size(block_size: int) -> Iterator[None]:
 def _cpu_connector() -> None:
     """Build kvscope's real CPU connector: it registers itself as the writer of the bytes."""
     # First Party
-    from kvscope.patched_backend.cpu_connector import CPUPagedKVConnector
+    from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
 
     CPUPagedKVConnector.from_metadata(metadata())
 

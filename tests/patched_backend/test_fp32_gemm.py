@@ -6,7 +6,7 @@ from types import ModuleType, SimpleNamespace
 
 import torch
 
-from kvscope.patched_backend import fp32_gemm
+from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
 
 def _dispatch_module() -> tuple[ModuleType, list]:

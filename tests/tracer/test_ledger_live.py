@@ -37,7 +37,7 @@ from kvscope.analysis import ledger as analysis_ledger
 from kvscope.analysis.otlp import read_span_files
 from kvscope.contract import ledger as words
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, SUFFIX, file_size_for
-from kvscope.patched_backend.parallel_disk.profile import lmcache_settings
+from kvscope.patched_backend.parallel_disk.lmcache_config import lmcache_settings
 from kvscope.tracer.run import summarize_stats, wait_for_span_files
 from kvscope.capture.workload import profiles
 

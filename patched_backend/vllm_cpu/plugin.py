@@ -22,7 +22,7 @@ _FACTORY_MODULE = "lmcache.v1.gpu_connector"
 
 
 def register() -> None:
-    from kvscope.patched_backend import fp32_gemm
+    from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
     wrapt.register_post_import_hook(_wrap_connector_factory, _FACTORY_MODULE)
     fp32_gemm.register()
@@ -43,7 +43,7 @@ def _wrap_connector_factory(module: ModuleType) -> None:
         except RuntimeError:
             if not _lmcache_lacks_vllm_connector(engine):
                 raise
-        from kvscope.patched_backend.cpu_connector import CPUPagedKVConnector
+        from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
 
         logger.info("LMCache has no vLLM connector for CPU; using kvscope's CPU KV connector")
         return CPUPagedKVConnector.from_metadata(metadata)
