@@ -4,7 +4,8 @@ Public API (the dashboard and the kvscope commands use only these):
     load_run(path) -> Run          every table and span of a run, with its problems
     attribute(run) -> DataFrame    per-request TTFT split (docs/analysis.md lists the columns)
     summarize(run, attribution)    per-run percentiles, bandwidth, depth, findings (a dict)
-    synthetic.make_run(path, ...)  a complete synthetic run with known components
+
+Synthetic runs with known components, for tests and benches, are in kvscope.testkit.synthetic.
 """
 
 from kvscope.analysis.attribution import COLUMNS, COMPONENTS, DEFAULT_PRIORITY, STORAGE_PARTS, attribute

@@ -2,9 +2,9 @@
 
 Each request's window is [arrival_ns, first_token_ns]: the client's (so TTFT is what the user
 saw), or, for a request only the server saw, its server request span's start to its first
-token (analysis.server_requests; column `window`). Inside it, every elementary stretch of time goes to exactly one component: the
-highest-priority component whose span is open then (DEFAULT_PRIORITY, peers §3.4), or `other`
-when none is. The components therefore sum to TTFT exactly. Time a lower-priority span was
+token (analysis.server_requests; column `window`). Inside it, every elementary stretch of
+time goes to exactly one component: the highest-priority component whose span is open then
+(DEFAULT_PRIORITY; the priority order is argued in docs/analysis.md), or `other` when none is. The components therefore sum to TTFT exactly. Time a lower-priority span was
 open under a higher one is `hidden_<component>_ns` (overlap, not lost). Storage-read time is
 split the same way by the request's joined block I/O: device service (issue -> complete) over
 device queue (submit -> issue) over software (everything else in the read).
@@ -23,7 +23,7 @@ import pandas as pd
 from kvscope.analysis import batch, blockjoin, diagnostics, ledger, server_requests, sweep
 from kvscope.analysis.run import Run
 from kvscope.contract import semconv
-from kvscope.contract.ledger import ATTRIBUTION_COLUMNS as LEDGER_COLUMNS
+from kvscope.contract.chunk_outcomes import TOKEN_COLUMNS
 
 COMPONENTS = ("queueing", "kv_lookup", "storage_read", "transfer", "prefill", "other")
 STORAGE_PARTS = ("storage_device_queue", "storage_device_service", "storage_software")
@@ -43,7 +43,7 @@ NS_COLUMNS = (
     "ttft_ns", *(f"{c}_ns" for c in COMPONENTS), *(f"{c}_ns" for c in STORAGE_PARTS),
     *(f"hidden_{c}_ns" for c in DEFAULT_PRIORITY[::-1]), *(f"{c}_ns" for c in BATCH_PARTS),
 )
-COLUMNS = (*ID_COLUMNS, *NS_COLUMNS, "read_bytes", "block_io_count", *LEDGER_COLUMNS, "partial",
+COLUMNS = (*ID_COLUMNS, *NS_COLUMNS, "read_bytes", "block_io_count", *TOKEN_COLUMNS, "partial",
            "diagnostics")
 DEFAULT_SKEW_TOLERANCE_NS = 1_000_000
 
@@ -88,7 +88,7 @@ def attribute(run: Run, *, priority: tuple[str, ...] = DEFAULT_PRIORITY,
     _add_batch(out, segs, batch.profile(worker, io, priority), worker.proc_of, n)
     frame = _frame(requests, out, spans, io)
     tokens = ledger.per_request(ledger.of_run(run), requests["request_id"])
-    frame[list(LEDGER_COLUMNS)] = tokens.to_numpy()
+    frame[list(TOKEN_COLUMNS)] = tokens.to_numpy()
     facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, run.request_notes,
                               worker.unidentified)
     frame["partial"], frame["diagnostics"] = diagnostics.describe(facts, skew_tolerance_ns,

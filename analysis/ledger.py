@@ -4,8 +4,8 @@ the misses cost.
 `table(spans)` turns the worker's kv.ledger spans (one per request's LMCache lookup, one array
 element per chunk) into the chunk_ledger table (contract.rundir.CHUNK_LEDGER), with vLLM's own
 prefix-cache hits from the scheduler's kv.lookup span (kvscope.kv.vllm_cached_tokens) as tier
-`vllm`. `per_request` gives the attribution's token columns (contract.ledger
-ATTRIBUTION_COLUMNS, exact integers, 0 for a request without a ledger), `summarize` the run's
+`vllm`. `per_request` gives the attribution's token columns (contract.chunk_outcomes
+TOKEN_COLUMNS, exact integers, 0 for a request without a ledger), `summarize` the run's
 per-tier hit rates and miss reasons with the TTFT they cost: recomputed tokens x the run's
 measured prefill time per token (prefill spans' time over their kvscope.prefill.tokens).
 A run from before schema v4 has no ledger spans: an empty table, zero columns, no summary.
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.contract import semconv
 from kvscope.contract.rundir import CHUNK_LEDGER
 
@@ -66,7 +66,7 @@ def table(spans: pd.DataFrame) -> pd.DataFrame:
         frame.insert(0, "request_id", str(row.request_id))
         cached = vllm_cached.get(str(row.request_id), 0)
         local = frame["end_token"].to_numpy() <= cached
-        frame.loc[local, ["tier", "reason", "detail"]] = [words.TIER_VLLM, "", ""]
+        frame.loc[local, ["tier", "reason", "detail"]] = [chunk_outcomes.TIER_VLLM, "", ""]
         frames.append(frame)
     if not frames:
         return empty()
@@ -91,9 +91,9 @@ def _vllm_cached(spans: pd.DataFrame) -> dict[str, int]:
 
 
 def per_request(ledger: pd.DataFrame, request_ids: pd.Series) -> pd.DataFrame:
-    """ATTRIBUTION_COLUMNS for each of `request_ids` (int64, 0 without a ledger)."""
+    """TOKEN_COLUMNS for each of `request_ids` (int64, 0 without a ledger)."""
     ids = request_ids.astype(str).to_numpy()
-    out = pd.DataFrame(0, index=range(len(ids)), columns=list(words.ATTRIBUTION_COLUMNS),
+    out = pd.DataFrame(0, index=range(len(ids)), columns=list(chunk_outcomes.TOKEN_COLUMNS),
                        dtype="int64")
     if ledger.empty:
         return out
@@ -104,13 +104,13 @@ def per_request(ledger: pd.DataFrame, request_ids: pd.Series) -> pd.DataFrame:
     tokens = rows["tokens"].to_numpy()
     out["ledger_chunks"] = np.bincount(key, minlength=len(ids)).astype(np.int64)
     out["ledger_tokens"] = np.bincount(key, tokens, minlength=len(ids)).astype(np.int64)
-    hit = rows["tier"].to_numpy() != words.TIER_NONE
-    for tier in words.TIERS:
+    hit = rows["tier"].to_numpy() != chunk_outcomes.TIER_NONE
+    for tier in chunk_outcomes.TIERS:
         sel = hit & (rows["tier"].to_numpy() == tier)
-        out[words.hit_tokens_column(tier)] = _sum(key, tokens, sel, len(ids))
-    for reason in words.REASONS:
+        out[chunk_outcomes.hit_tokens_column(tier)] = _sum(key, tokens, sel, len(ids))
+    for reason in chunk_outcomes.REASONS:
         sel = ~hit & (rows["reason"].to_numpy() == reason)
-        out[words.missed_tokens_column(reason)] = _sum(key, tokens, sel, len(ids))
+        out[chunk_outcomes.missed_tokens_column(reason)] = _sum(key, tokens, sel, len(ids))
     return out
 
 
@@ -142,12 +142,12 @@ def tally(ledger: pd.DataFrame, rate: float | None) -> dict[str, Any] | None:
     if ledger.empty:
         return None
     total = int(ledger["tokens"].sum())
-    hits = ledger[ledger["tier"] != words.TIER_NONE]
-    misses = ledger[ledger["tier"] == words.TIER_NONE]
+    hits = ledger[ledger["tier"] != chunk_outcomes.TIER_NONE]
+    misses = ledger[ledger["tier"] == chunk_outcomes.TIER_NONE]
     missed = int(misses["tokens"].sum())
     tiers = {tier: {"chunks": int((hits["tier"] == tier).sum()),
                     "tokens": int(hits.loc[hits["tier"] == tier, "tokens"].sum())}
-             for tier in words.TIERS}
+             for tier in chunk_outcomes.TIERS}
     for tier in tiers.values():
         tier["hit_rate"] = tier["tokens"] / total if total else None
     reasons = []
@@ -178,19 +178,19 @@ def _median_age(group: pd.DataFrame) -> float | None:
 
 
 _SAY = {
-    words.NEVER_STORED: "were never stored before (first time seen)",
-    words.PARTIAL_CHUNK: "were in a prompt's last, partial chunk (LMCache stores full chunks)",
-    words.STORE_QUEUED: "were still queued for the disk write",
-    words.STORE_QUEUE_FULL: "were dropped from a full disk write queue",
-    words.STORE_NO_SPACE: "found no evictable disk space",
-    words.STORE_ENOSPC: "failed their disk write with ENOSPC",
-    words.STORE_ERROR: "failed their disk write",
-    words.EVICTED_DISK: "were evicted by the disk capacity",
-    words.EVICTED_CPU: "were evicted from LMCache's CPU tier with no disk copy",
-    words.REFUSED: "were refused by the disk tier",
-    words.DIVERGED: "came after the prompt diverged from a stored prefix",
-    words.BEHIND_MISS: "were stored but came after a missed chunk",
-    words.LOAD_FAILED: "hit at lookup but were not loaded",
+    chunk_outcomes.NEVER_STORED: "were never stored before (first time seen)",
+    chunk_outcomes.PARTIAL_CHUNK: "were in a prompt's last, partial chunk (LMCache stores full chunks)",
+    chunk_outcomes.STORE_QUEUED: "were still queued for the disk write",
+    chunk_outcomes.STORE_QUEUE_FULL: "were dropped from a full disk write queue",
+    chunk_outcomes.STORE_NO_SPACE: "found no evictable disk space",
+    chunk_outcomes.STORE_ENOSPC: "failed their disk write with ENOSPC",
+    chunk_outcomes.STORE_ERROR: "failed their disk write",
+    chunk_outcomes.EVICTED_DISK: "were evicted by the disk capacity",
+    chunk_outcomes.EVICTED_CPU: "were evicted from LMCache's CPU tier with no disk copy",
+    chunk_outcomes.REFUSED: "were refused by the disk tier",
+    chunk_outcomes.DIVERGED: "came after the prompt diverged from a stored prefix",
+    chunk_outcomes.BEHIND_MISS: "were stored but came after a missed chunk",
+    chunk_outcomes.LOAD_FAILED: "hit at lookup but were not loaded",
 }
 
 

@@ -1,6 +1,6 @@
 """pytest plugin for the TTFT gate: one test per baseline component.
 
-    pytest -p analysis.pytest_plugin --kvscope-run RUN baseline.json [--junitxml out.xml]
+    pytest -p kvscope.analysis.pytest_plugin --kvscope-run RUN baseline.json [--junitxml out.xml]
 
 The baseline file given on the command line is collected as a test file whose items are its
 components; each fails with the same message as `kvscope check`.

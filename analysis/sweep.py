@@ -1,6 +1,7 @@
 """Sweep line over labelled intervals: which labels are active in every elementary segment.
 
-The attribution's one algorithm (peers §3.4): turn every interval into a +1 and a -1 event,
+The attribution's one algorithm (the sweep line trace analysers such as HolisticTraceAnalysis
+use for overlapping kernels): turn every interval into a +1 and a -1 event,
 sort the events by (key, time), and keep a running count per label. Between two consecutive
 events of the same key the set of active labels is constant; that stretch is a segment. The
 running counts are one global cumsum because each key's events open and close within the key.

@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvscope.contract import rundir
-from kvscope.capture.workload.runner import RunOptions, execute
+from kvscope.capture.workload.options import RunOptions
+from kvscope.capture.workload.runner import execute
 
 
 def summarize(run: Path) -> pd.DataFrame:

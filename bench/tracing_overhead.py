@@ -33,7 +33,8 @@ import pandas as pd
 from kvscope import analysis
 from kvscope.contract import rundir
 from kvscope.capture.workload import runner
-from kvscope.capture.workload.runner import RunOptions, execute
+from kvscope.capture.workload.options import RunOptions
+from kvscope.capture.workload.runner import execute
 from kvscope.capture.workload.server import ServerConfig, ServerError
 from kvscope.analysis.otlp import read_span_files
 from kvscope.capture.record.otlp_receiver import OtlpListener

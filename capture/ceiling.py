@@ -138,11 +138,6 @@ def chunk_files(kv_dir: Path, limit_bytes: int) -> list[Path]:
     return chosen
 
 
-def _sample(c: Ceiling) -> dict[str, Any]:
-    return {"method": c.method, "when": c.when, "unit": c.unit, "depth": c.depth,
-            "bytes": c.bytes, "seconds": c.seconds, "bytes_per_s": c.bytes_per_s}
-
-
 def _config(sample: dict[str, Any]) -> tuple:
     return sample.get("method"), sample.get("unit"), sample.get("depth")
 

@@ -4,6 +4,6 @@ Producers (the workload driver, tracer, probes, disk backend) write a run direct
 (analysis, dashboards, exports) only read it. Both import this package and never each other,
 so everything they must agree on is defined here once: the layout and table schemas
 (`rundir`), span names and attribute keys (`semconv`), the disk backend's counter names
-(`counters`), the clock (`clock`), the environment variables that carry the run to the server
+(`counters`), the chunk ledger's tiers and miss reasons (`chunk_outcomes`), how files are written and read safely (`files`), the clock (`clock`), the environment variables that carry the run to the server
 (`env`) and the manifest's host blocks (`host`). It imports nothing else of kvscope.
 """

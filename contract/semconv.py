@@ -51,12 +51,12 @@ TRANSFER_KIND = "kvscope.transfer.kind"  # "cpu_copy" here, "h2d" on CUDA
 PREFILL_TOKENS = "kvscope.prefill.tokens"
 VLLM_CACHED_TOKENS = "kvscope.kv.vllm_cached_tokens"  # on kv.lookup: vLLM's own prefix hits
 
-# The chunk ledger (contract.ledger), on SPAN_KV_LEDGER: one array element per looked-up chunk.
+# The chunk ledger (contract.chunk_outcomes), on SPAN_KV_LEDGER: one array element per looked-up chunk.
 LEDGER_START = "kvscope.ledger.start_token"  # [int] first token of each chunk
 LEDGER_END = "kvscope.ledger.end_token"  # [int] one past its last token
 LEDGER_KEY = "kvscope.ledger.chunk_hash"  # [str] LMCache chunk hash (hex)
-LEDGER_TIER = "kvscope.ledger.tier"  # [str] contract.ledger tier, "none" for a miss
-LEDGER_REASON = "kvscope.ledger.reason"  # [str] contract.ledger reason, "" for a hit
+LEDGER_TIER = "kvscope.ledger.tier"  # [str] contract.chunk_outcomes tier, "none" for a miss
+LEDGER_REASON = "kvscope.ledger.reason"  # [str] contract.chunk_outcomes reason, "" for a hit
 LEDGER_DETAIL = "kvscope.ledger.detail"  # [str] backend name, capacity, refusal reason, error
 LEDGER_FACT_NS = "kvscope.ledger.fact_ns"  # [int] monotonic ns of the fact (eviction...), -1
 LEDGER_STORED_NS = "kvscope.ledger.stored_ns"  # [int] when the chunk was stored, -1

@@ -14,12 +14,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.dashboards.figures import _require, _style, empty, text
 
-HIT_COLORS = {words.TIER_VLLM: "#2ca02c", words.TIER_CPU: "#17becf", words.TIER_DISK: "#1f77b4",
-              words.TIER_OTHER: "#9467bd"}
-MISS_COLORS = dict(zip(words.REASONS, (
+HIT_COLORS = {chunk_outcomes.TIER_VLLM: "#2ca02c", chunk_outcomes.TIER_CPU: "#17becf", chunk_outcomes.TIER_DISK: "#1f77b4",
+              chunk_outcomes.TIER_OTHER: "#9467bd"}
+MISS_COLORS = dict(zip(chunk_outcomes.REASONS, (
     "#d62728", "#ff9896", "#ffbb78", "#ff7f0e", "#e377c2", "#8c564b", "#c49c94", "#bcbd22",
     "#f7b6d2", "#7f7f7f", "#dbdb8d", "#c7c7c7", "#393b79")))
 STRIP_COLUMNS = ("chunk_index", "start_token", "end_token", "tokens", "tier", "reason",
@@ -28,7 +28,7 @@ STRIP_COLUMNS = ("chunk_index", "start_token", "end_token", "tokens", "tier", "r
 
 def outcome(tier: str, reason: str) -> str:
     """The label of a chunk in the legend: `hit: disk`, `miss: evicted_disk`."""
-    return f"miss: {reason}" if tier == words.TIER_NONE else f"hit: {tier}"
+    return f"miss: {reason}" if tier == chunk_outcomes.TIER_NONE else f"hit: {tier}"
 
 
 def outcome_color(label: str) -> str:

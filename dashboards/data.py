@@ -267,7 +267,7 @@ def chunk_tally_of(runs: dict[str, RunData], labels: list[str] | None,
     share (of all looked-up tokens for a tier, of the missed ones for a reason) and the TTFT
     cost, by analysis' ledger tally of the phase's rows."""
     from kvscope.analysis import ledger
-    from kvscope.contract.ledger import TIER_NONE
+    from kvscope.contract.chunk_outcomes import TIER_NONE
     from kvscope.dashboards.chunks import outcome
 
     rows = []

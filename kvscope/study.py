@@ -21,27 +21,12 @@ import pandas as pd
 from kvscope.capture import ceiling
 from kvscope.contract import rundir
 from kvscope.capture.workload import profiles
-from kvscope.capture.workload.runner import RunOptions, execute
+from kvscope.capture.workload.options import RunOptions
+from kvscope.capture.workload.runner import execute
+from kvscope.study_options import BASELINE, CANDIDATE, StudyOptions
 
-BASELINE = "kvscope-serial"
-CANDIDATE = "kvscope"
 CEILING_BOUND = 0.8  # reads at or above this share of the ceiling: the device limits the gain
 MINOR_SHARE = 0.2  # storage reads below this share of TTFT cannot limit the gain much
-
-
-@dataclass
-class StudyOptions:
-    out: Path
-    model: str = "qwen2.5-32b"
-    profiles: list[str] = field(default_factory=lambda: [BASELINE, CANDIDATE, "stock"])
-    requests: int = 16
-    concurrency: list[int] = field(default_factory=lambda: [1, 8, 16])
-    prompt_tokens: int = 1024
-    port: int = 8000
-    models_dir: Path | None = None
-    kv_dir_base: Path | None = None  # chunk files go to <base>/kv-<profile or warm group>
-    share_warm: bool = True  # profiles of one chunk format share one warm phase
-    command: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

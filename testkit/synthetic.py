@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.testkit import synthetic_write
 
 EXPECTED_FILE = "synthetic_expected.parquet"
@@ -37,7 +37,7 @@ def make_run(path: str | Path, *, n_requests: int, seed: int = 0, concurrency: i
              ios_per_request: int = 10, hit_ratio: float = 0.8, nvme: bool = False,
              io_bytes: int = 1 << 20, spans_per_file: int = 50_000,
              ledger: bool = False) -> Path:
-    """Write a complete run (schema v2) at `path` (which must not hold a run) and return it.
+    """Write a complete run (the contract's current schema) at `path` (which must not hold a run) and return it.
 
     Requests are split evenly over `phases`, run one after another; within a phase,
     `concurrency` lanes each run their requests back to back, each lane with its own reader
@@ -161,10 +161,10 @@ def _block_io(rng: np.random.Generator, plan: pd.DataFrame, reads: pd.DataFrame,
 PROMPT_TOKENS = synthetic_write.PROMPT_TOKENS
 CHUNK_TOKENS = 256
 # (miss reason, detail) drawn for the chunks after the served prefix
-MISSES = ((words.NEVER_STORED, ""), (words.EVICTED_DISK, "capacity 1073741824 bytes"),
-          (words.REFUSED, "checksum"), (words.DIVERGED, "prefix diverged"),
-          (words.STORE_ENOSPC, "ENOSPC: No space left on device"),
-          (words.EVICTED_CPU, "no disk copy"))
+MISSES = ((chunk_outcomes.NEVER_STORED, ""), (chunk_outcomes.EVICTED_DISK, "capacity 1073741824 bytes"),
+          (chunk_outcomes.REFUSED, "checksum"), (chunk_outcomes.DIVERGED, "prefix diverged"),
+          (chunk_outcomes.STORE_ENOSPC, "ENOSPC: No space left on device"),
+          (chunk_outcomes.EVICTED_CPU, "no disk copy"))
 
 
 def _ledger_chunks(rng: np.random.Generator, plan: pd.DataFrame) -> pd.DataFrame:
@@ -183,16 +183,16 @@ def _ledger_chunks(rng: np.random.Generator, plan: pd.DataFrame) -> pd.DataFrame
         for i in range(n_chunks):
             tier = ("vllm" if i < vllm else "cpu" if i < vllm + cpu else "disk"
                     if i < served else "none")
-            span_tier = words.TIER_DISK if tier == "vllm" else tier  # LMCache held it too
+            span_tier = chunk_outcomes.TIER_DISK if tier == "vllm" else tier  # LMCache held it too
             if tier == "vllm" and i >= served:
                 span_tier = "none"  # vLLM had it, LMCache did not: the join still says vllm
             reason = "" if tier != "none" else miss
             said = miss if span_tier == "none" else ""  # what the worker's ledger says
-            evicted = said == words.EVICTED_DISK
+            evicted = said == chunk_outcomes.EVICTED_DISK
             rows.append((key, i, i * CHUNK_TOKENS, (i + 1) * CHUNK_TOKENS, tier, reason,
                          span_tier, said, detail if said else "", stored if evicted else -1,
                          stored + 90 * 10**9 if evicted else -1,
-                         i * CHUNK_TOKENS if said == words.DIVERGED else -1, vllm))
+                         i * CHUNK_TOKENS if said == chunk_outcomes.DIVERGED else -1, vllm))
     return pd.DataFrame(rows, columns=[
         "key", "chunk_index", "start", "end", "tier", "reason", "span_tier", "span_reason",
         "detail", "stored_ns", "fact_ns", "diverged_at", "vllm_chunks"])
@@ -204,12 +204,12 @@ def _ledger_truth(chunks: pd.DataFrame, n: int) -> pd.DataFrame:
     key = chunks["key"].to_numpy()
     out = {"ledger_chunks": np.bincount(key, minlength=n),
            "ledger_tokens": np.bincount(key, tokens, minlength=n)}
-    for tier in words.TIERS:
+    for tier in chunk_outcomes.TIERS:
         sel = (chunks["tier"] == tier).to_numpy()
-        out[words.hit_tokens_column(tier)] = np.bincount(key[sel], tokens[sel], minlength=n)
-    for reason in words.REASONS:
+        out[chunk_outcomes.hit_tokens_column(tier)] = np.bincount(key[sel], tokens[sel], minlength=n)
+    for reason in chunk_outcomes.REASONS:
         sel = ((chunks["tier"] == "none") & (chunks["reason"] == reason)).to_numpy()
-        out[words.missed_tokens_column(reason)] = np.bincount(key[sel], tokens[sel],
+        out[chunk_outcomes.missed_tokens_column(reason)] = np.bincount(key[sel], tokens[sel],
                                                               minlength=n)
     return pd.DataFrame(out).astype("int64")
 

@@ -18,8 +18,7 @@ from typing import Callable, Mapping
 
 from opentelemetry.sdk.trace import sampling
 
-from kvscope.contract.env import ENV_CLOCK_OFFSET as ENV_OFFSET
-from kvscope.contract.env import ENV_SPANS_DIR
+from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope.tracer import failsafe
 
 FILE_FLUSH_MS = 200  # the files' schedule delay, and OTLP's unless OTEL_BSP_SCHEDULE_DELAY is set
@@ -40,7 +39,7 @@ BSP = {  # variable -> (argument of BatchSpanProcessor, default: the SDK's, but 
     "OTEL_BSP_EXPORT_TIMEOUT": ("export_timeout_millis", 30000),
 }
 OTLP_TIMEOUT_S = 10.0  # the SDK's default (it reads OTEL_EXPORTER_OTLP_TIMEOUT as seconds)
-VARIABLES = (ENV_SPANS_DIR, ENV_OFFSET, "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+VARIABLES = (ENV_SPANS_DIR, ENV_CLOCK_OFFSET, "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
              "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT",
              "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
@@ -235,13 +234,13 @@ def _sampler(env: Mapping[str, str]) -> tuple[str, float]:
 
 
 def _offset(env: Mapping[str, str]) -> int | None:
-    value = env.get(ENV_OFFSET, "").strip()
+    value = env.get(ENV_CLOCK_OFFSET, "").strip()
     if not value:
         return None
     try:
         return int(value)
     except ValueError:
-        _bad(ENV_OFFSET, value, "not an integer number of ns",
+        _bad(ENV_CLOCK_OFFSET, value, "not an integer number of ns",
              "an offset measured in this process (its spans may not line up with the probes' "
              "events to the ns)", "the run's offset (manifest.clock.offset_ns)")
         return None

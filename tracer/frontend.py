@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -145,11 +145,6 @@ def _finish(rt: Any, request: _Open, state: Any, now_ns: int) -> None:
             attributes[semconv.GEN_AI_TIME_IN_QUEUE] = stats.scheduled_ts - stats.queued_ts
     request.span.set_attributes(attributes)
     request.span.end(end_time=rt.epoch(now_ns) if rt is not None else None)
-
-
-def open_requests() -> Mapping[str, Any]:
-    """Requests whose server span is still open (for tests and diagnostics)."""
-    return dict(_open)
 
 
 def forget_all() -> None:

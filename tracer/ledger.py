@@ -31,7 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.contract import semconv
 from kvscope.tracer import failsafe
 
@@ -56,10 +56,10 @@ def hash_text(key: Any) -> str:
 
 def tier_of(backend_name: str) -> str:
     if backend_name == CPU_BACKEND:
-        return words.TIER_CPU
+        return chunk_outcomes.TIER_CPU
     if backend_name in DISK_BACKENDS:
-        return words.TIER_DISK
-    return words.TIER_OTHER
+        return chunk_outcomes.TIER_DISK
+    return chunk_outcomes.TIER_OTHER
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Chunk:
     end: int
     key: str
     hash: str
-    tier: str = words.TIER_NONE
+    tier: str = chunk_outcomes.TIER_NONE
     reason: str = ""
     detail: str = ""
     fact_ns: int = -1
@@ -154,7 +154,7 @@ class Ledger:
                 facts.disk_stored_ns, facts.disk_failed = now, None
                 facts.disk_evicted = facts.refused = None
                 return
-            miss = words.STORE_FAILURE_REASON.get(reason, words.STORE_ERROR)
+            miss = chunk_outcomes.STORE_FAILURE_REASON.get(reason, chunk_outcomes.STORE_ERROR)
             facts.disk_failed = (miss, detail, now)
 
     def disk_evicted(self, key: str, now: int, capacity: int) -> None:
@@ -183,7 +183,7 @@ class Ledger:
             record.chunks.append(Chunk(start, start + int(length), text, hash_text(key)))
             start += int(length)
         with self._lock:
-            if any(tier_of(b) == words.TIER_DISK for b in mapping):
+            if any(tier_of(b) == chunk_outcomes.TIER_DISK for b in mapping):
                 self.disk_tier = True
             for i, chunk in enumerate(record.chunks):
                 facts = self._of(chunk.key)
@@ -193,7 +193,7 @@ class Ledger:
             for i, (key, chunk) in enumerate(zip(keys, record.chunks)):
                 if not missed and chunk.key in served:
                     chunk.tier = tier_of(served[chunk.key])
-                    if chunk.tier == words.TIER_OTHER:
+                    if chunk.tier == chunk_outcomes.TIER_OTHER:
                         chunk.detail = served[chunk.key]
                     chunk.stored_ns = self._facts[chunk.key].put_ns
                     continue
@@ -212,43 +212,43 @@ class Ledger:
         facts = self._facts[chunk.key]
         chunk.stored_ns = facts.put_ns
         if behind and present is not None and present(key):
-            chunk.reason, chunk.detail = words.BEHIND_MISS, f"after chunk {_first_miss(chunks)}"
+            chunk.reason, chunk.detail = chunk_outcomes.BEHIND_MISS, f"after chunk {_first_miss(chunks)}"
             return
         cpu_evicted = facts.cpu_evicted_ns if facts.put_ns >= 0 else -1
         if facts.refused is not None:
-            chunk.reason, chunk.detail = words.REFUSED, facts.refused[0]
+            chunk.reason, chunk.detail = chunk_outcomes.REFUSED, facts.refused[0]
             chunk.fact_ns = facts.refused[1]
         elif facts.disk_evicted is not None and facts.disk_evicted[0] >= cpu_evicted:
-            chunk.reason, chunk.fact_ns = words.EVICTED_DISK, facts.disk_evicted[0]
+            chunk.reason, chunk.fact_ns = chunk_outcomes.EVICTED_DISK, facts.disk_evicted[0]
             chunk.detail = f"capacity {facts.disk_evicted[1]} bytes"
         elif cpu_evicted >= 0 and (facts.disk_stored_ns < 0 or facts.disk_evicted is not None):
             # the CPU tier dropped it last: the disk copy never was, failed, or went first
-            chunk.reason, chunk.fact_ns = words.EVICTED_CPU, cpu_evicted
+            chunk.reason, chunk.fact_ns = chunk_outcomes.EVICTED_CPU, cpu_evicted
             chunk.detail = "no disk copy" + (
                 " (evicted from disk first)" if facts.disk_evicted is not None else
                 f" ({facts.disk_failed[0]})" if facts.disk_failed is not None else "")
         elif facts.disk_failed is not None:
             chunk.reason, chunk.detail, chunk.fact_ns = facts.disk_failed
         elif facts.put_ns >= 0 and facts.disk_stored_ns < 0 and self.disk_tier:
-            chunk.reason, chunk.fact_ns = words.STORE_QUEUED, facts.put_ns
+            chunk.reason, chunk.fact_ns = chunk_outcomes.STORE_QUEUED, facts.put_ns
         elif facts.put_ns >= 0:
-            chunk.reason, chunk.fact_ns = words.LOAD_FAILED, facts.put_ns
+            chunk.reason, chunk.fact_ns = chunk_outcomes.LOAD_FAILED, facts.put_ns
             chunk.detail = "stored, and no tier holds it"
         elif i == len(chunks) - 1 and chunk.end - chunk.start < chunk_size:
-            chunk.reason = words.PARTIAL_CHUNK  # looked up only with save_unfull_chunk
+            chunk.reason = chunk_outcomes.PARTIAL_CHUNK  # looked up only with save_unfull_chunk
             chunk.detail = f"{chunk.end - chunk.start} of {chunk_size} tokens"
         else:
-            diverged = next((c.diverged_at for c in chunks[:i] if c.reason == words.DIVERGED),
+            diverged = next((c.diverged_at for c in chunks[:i] if c.reason == chunk_outcomes.DIVERGED),
                             -1)
             parent = self._facts.get(facts.parent) if facts.parent else None
             if diverged < 0 and parent is not None and any(
                     c != chunk.key for c in parent.children):
                 diverged = chunk.start
             if diverged >= 0:
-                chunk.reason, chunk.diverged_at = words.DIVERGED, diverged
+                chunk.reason, chunk.diverged_at = chunk_outcomes.DIVERGED, diverged
                 chunk.detail = f"prefix diverged at token {diverged}"
             else:
-                chunk.reason = words.NEVER_STORED
+                chunk.reason = chunk_outcomes.NEVER_STORED
 
     def loaded(self, vllm_request_id: str, served: Sequence[bool]) -> None:
         """The retrieve's result per token (its returned mask): chunks a tier held at lookup
@@ -259,19 +259,19 @@ class Ledger:
             if record is None:
                 return
             for chunk in record.chunks:
-                if chunk.tier in (words.TIER_NONE, words.TIER_VLLM):
+                if chunk.tier in (chunk_outcomes.TIER_NONE, chunk_outcomes.TIER_VLLM):
                     continue
                 part = served[chunk.start:chunk.end]
                 if len(part) == chunk.end - chunk.start and all(part):
                     continue
                 facts = self._facts.get(chunk.key)
                 tier = chunk.tier
-                chunk.tier = words.TIER_NONE
+                chunk.tier = chunk_outcomes.TIER_NONE
                 if facts is not None and facts.refused is not None:
-                    chunk.reason, chunk.detail = words.REFUSED, facts.refused[0]
+                    chunk.reason, chunk.detail = chunk_outcomes.REFUSED, facts.refused[0]
                     chunk.fact_ns = facts.refused[1]
                 else:
-                    chunk.reason, chunk.detail = words.LOAD_FAILED, f"{tier} tier at lookup"
+                    chunk.reason, chunk.detail = chunk_outcomes.LOAD_FAILED, f"{tier} tier at lookup"
 
     def take(self, vllm_request_id: str) -> Record | None:
         """The request's record, once (None when it has none or it was dropped)."""
@@ -285,7 +285,7 @@ class Ledger:
 
 
 def _first_miss(chunks: list[Chunk]) -> int:
-    return next(i for i, c in enumerate(chunks) if c.tier == words.TIER_NONE)
+    return next(i for i, c in enumerate(chunks) if c.tier == chunk_outcomes.TIER_NONE)
 
 
 def attributes(record: Record, dropped: int) -> dict[str, Any]:

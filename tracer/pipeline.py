@@ -37,7 +37,6 @@ from kvscope.tracer.fileexport import OtlpJsonFileExporter
 
 logger = logging.getLogger(__name__)
 
-ENV_SPANS_DIR = config.ENV_SPANS_DIR
 FILE_FLUSH_MS = config.FILE_FLUSH_MS  # a killed worker loses at most this much of its spans
 STATS_DIR = "stats"  # RUN/spans/stats/<prefix>-<pid>.json, never *.json in spans/ itself
 DISK_HOOKS = "kvscope.patched_backend.parallel_disk.hooks"  # kvscope's disk backend, if this process has it
@@ -78,7 +77,7 @@ class Counters:
             return self.exporters.setdefault(exporter, ExporterCounts())
 
     def as_dict(self) -> dict[str, Any]:
-        """Per exporter, and the totals manifest.tracer always had."""
+        """Per exporter, and the totals over all exporters (manifest.tracer's top-level keys)."""
         with self.lock:
             by = {name: {**{k: v for k, v in asdict(c).items() if k != "final"},
                          "pending": c.pending} for name, c in self.exporters.items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.contract import rundir
-from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_TRACING
+from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR, ENV_TRACING
 from kvscope.tracer import pipeline
 from kvscope.tracer.client import ClientTracer
 from kvscope.tracer.runtime import Runtime
@@ -35,14 +35,14 @@ class RunTracing:
     def __init__(self, run: Path, offset_ns: int) -> None:
         self.run = run
         self.spans_dir = run / rundir.SPANS_DIR
-        env = {**os.environ, pipeline.ENV_SPANS_DIR: str(self.spans_dir)}
+        env = {**os.environ, ENV_SPANS_DIR: str(self.spans_dir)}
         self._pipeline = pipeline.build("kvscope-client", "client", env)
         self.client = ClientTracer(Runtime(self._pipeline, offset_ns))
         self.offset_ns = offset_ns
 
     def server_env(self) -> dict[str, str]:
         """What the vLLM server needs in its environment to trace into this run."""
-        return {ENV_TRACING: "1", pipeline.ENV_SPANS_DIR: str(self.spans_dir),
+        return {ENV_TRACING: "1", ENV_SPANS_DIR: str(self.spans_dir),
                 ENV_CLOCK_OFFSET: str(self.offset_ns)}
 
     def start_phase(self, run: Path, phase: str, server: Any) -> None:

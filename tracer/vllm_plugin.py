@@ -14,8 +14,7 @@ import logging
 import multiprocessing
 import os
 
-from kvscope.contract.env import ENV_TRACING
-from kvscope.contract.env import TRACING_PLUGIN as PLUGIN  # this plugin's entry-point name
+from kvscope.contract.env import ENV_SPANS_DIR, ENV_TRACING, TRACING_PLUGIN
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ def _start() -> None:
     else:
         logger.warning("kvscope tracing: on in %s but nothing will be exported: neither %s nor "
                        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set (or they were refused "
-                       "above); sampler %s", process, config.ENV_SPANS_DIR, cfg.sampler_text())
+                       "above); sampler %s", process, ENV_SPANS_DIR, cfg.sampler_text())
     KvscopeInstrumentor().instrument()
     metrics.start_in_this_process()
 
@@ -75,8 +74,8 @@ def _say_to_stderr_unless_configured() -> None:
 def warn_if_not_loaded() -> None:
     """For kvscope's other plugin: KVSCOPE_TRACING=1 but VLLM_PLUGINS leaves this one out."""
     plugins = os.environ.get("VLLM_PLUGINS")
-    if enabled() and plugins is not None and PLUGIN not in plugins.split(","):
+    if enabled() and plugins is not None and TRACING_PLUGIN not in plugins.split(","):
         _say_to_stderr_unless_configured()
         logger.warning("kvscope tracing: off in pid %d: %s=1 but VLLM_PLUGINS=%r does not name "
                        "%s, so vLLM does not load it; add %s to VLLM_PLUGINS", os.getpid(),
-                       ENV_TRACING, plugins, PLUGIN, PLUGIN)
+                       ENV_TRACING, plugins, TRACING_PLUGIN, TRACING_PLUGIN)

@@ -17,8 +17,7 @@ import psutil
 import yaml
 
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR
-from kvscope.contract.env import ENV_SPANS_DIR as SPANS_DIR_VARIABLE
-from kvscope.contract.env import ENV_TRACING as TRACING_VARIABLE
+from kvscope.contract.env import ENV_SPANS_DIR, ENV_TRACING
 
 LMCACHE_CONFIG_VARIABLE = "LMCACHE_CONFIG_FILE"
 
@@ -38,7 +37,7 @@ class ServingProcesses:
 
     @property
     def spans_dir(self) -> Path | None:
-        value = self.environ.get(SPANS_DIR_VARIABLE)
+        value = self.environ.get(ENV_SPANS_DIR)
         return Path(value) if value else None
 
     @property
@@ -48,7 +47,7 @@ class ServingProcesses:
 
     @property
     def tracing(self) -> bool:
-        return self.environ.get(TRACING_VARIABLE) == "1"
+        return self.environ.get(ENV_TRACING) == "1"
 
 
 def find(pid: int | None = None, url: str | None = None) -> ServingProcesses:

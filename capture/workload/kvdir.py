@@ -1,7 +1,7 @@
 """The run's KV directory: private, free, and cleaned of only what this run created.
 
-Why: `kvscope run` runs as root and used to `rmtree` whatever `--kv-dir` the user gave, with
-the user's own files in it, and used a shared default path as it found it. Now the directory
+Why: `kvscope run` runs as root on a directory a user names, which may hold the user's own
+files, or may be a shared default path someone else prepared. So the directory
 (and each parent this run creates) is created 0700 and must be owned by us and not
 group/world-writable (the disk backend's own rule, patched_backend/parallel_disk/dirsafety.py);
 no other kvscope server may hold it; and at the end only the files that were not there at

@@ -23,6 +23,7 @@ from kvscope.contract import clock, env, host, rundir
 from kvscope.capture.workload import profiles, prompts, system, vllm_metrics
 from kvscope.capture.workload.client import RequestPlan, RequestRecord, run_requests
 from kvscope.capture.workload.kvdir import RunKVDir
+from kvscope.capture.workload.options import RunOptions
 from kvscope.capture.workload.observers import DiskBackendObserver, ProbeObserver
 from kvscope.capture.workload.server import ServerConfig, VLLMServer
 
@@ -35,32 +36,6 @@ class PhaseObserver(Protocol):
     def start_phase(self, run: Path, phase: str, server: VLLMServer) -> None: ...
 
     def stop_phase(self) -> None: ...
-
-
-@dataclass
-class RunOptions:
-    out: Path
-    model: str = "qwen2.5-32b"
-    models_dir: Path = Path.home() / ".cache" / "kvscope" / "models"
-    profile: str = "stock"
-    requests: int = 8
-    concurrency: list[int] = field(default_factory=lambda: [4])
-    prompt_tokens: int = 1024
-    shared_prefix_tokens: int = 0
-    max_tokens: int = 4
-    phases: list[str] = field(default_factory=lambda: ["warm", "cold"])
-    warm_concurrency: int = 1
-    kv_dir: Path | None = None
-    copy_kv_dir: Path | None = None  # a write-only kvscope tier there stores every chunk too
-    keep_kv: bool = False
-    host: str = "127.0.0.1"
-    port: int = 8000
-    seed: int = 0
-    kv_cache_gib: int | None = None
-    probes: bool = True
-    tracing: bool = True
-    command: list[str] = field(default_factory=list)
-    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

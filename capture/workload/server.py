@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from kvscope.patched_backend.vllm_cpu import fp32_gemm
+from kvscope.contract.env import ENV_FP32_GEMM
 
 LOG_TAIL_LINES = 40
 
@@ -65,7 +65,7 @@ class ServerConfig:
             "LMCACHE_CONFIG_FILE": str(lmcache_config_path),
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             "VLLM_LOGGING_LEVEL": "INFO",
-            fp32_gemm.ENV: "1",  # bf16 GEMMs in fp32 where oneDNN has no bf16 matmul
+            ENV_FP32_GEMM: "1",  # bf16 GEMMs in fp32 where oneDNN has no bf16 matmul
             **self.extra_env,
         }
 

@@ -21,7 +21,7 @@ HEADLINE_COLUMNS = ["profile", "conc", "ttft_p50_s", "ttft_p99_s", "storage_read
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from kvscope.commands.run import _levels
-    from kvscope.study import StudyOptions
+    from kvscope.study_options import StudyOptions
 
     d = StudyOptions(out=Path("."))
     p = subparsers.add_parser(
@@ -45,12 +45,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope import estimate, study
+    from kvscope import estimate, study, study_options
     from kvscope.capture.workload.server import ServerError
     from kvscope.capture.workload.system import HostError
 
     out = args.out or Path("runs") / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    opts = study.StudyOptions(
+    opts = study_options.StudyOptions(
         out=out, model=args.model, profiles=[p for p in args.profiles.split(",") if p],
         requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
         port=args.port, kv_dir_base=args.kv_dir_base, share_warm=args.share_warm,
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "
           "or set OTEL_EXPORTER_OTLP_ENDPOINT=http://<jaeger>:4317 before the run (docs/tracing.md)")
-    print(f"gates:     .venv/bin/kvscope check {runs.get(study.CANDIDATE, 'RUN')} --against "
-          f"{runs.get(study.BASELINE, 'BASELINE_RUN')} --gates analysis/gates/seeds-g3.json")
+    print(f"gates:     .venv/bin/kvscope check {runs.get(study_options.CANDIDATE, 'RUN')} --against "
+          f"{runs.get(study_options.BASELINE, 'BASELINE_RUN')} --gates analysis/gates/seeds-g3.json")
     print(f"took:      {(time.monotonic() - started) / 60:.1f} min")
     return 0

@@ -24,7 +24,7 @@ def _levels(text: str) -> list[int]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from kvscope.capture.workload.profiles import PROFILES
-    from kvscope.capture.workload.runner import RunOptions
+    from kvscope.capture.workload.options import RunOptions
 
     defaults = RunOptions(out=Path("."))
     p = subparsers.add_parser(
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from kvscope.capture.workload.runner import RunOptions
+    from kvscope.capture.workload.options import RunOptions
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return RunOptions(

@@ -230,17 +230,6 @@ def temp_name(name: str) -> str:
     return f"{TEMP_PREFIX}{name}.{os.getpid()}.{threading.get_native_id()}"
 
 
-def temp_owner_pid(name: str) -> Optional[int]:
-    """PID that wrote a temporary file, None if ``name`` is not one of ours."""
-    if not name.startswith(TEMP_PREFIX):
-        return None
-    parts = name.split(".")
-    try:
-        return int(parts[-2])
-    except (IndexError, ValueError):
-        return None
-
-
 def write_chunk(directory: str, header: ChunkHeader, payload: memoryview) -> tuple[str, os.stat_result]:
     """Durably publish one chunk: write a temp file, fsync, rename, fsync the directory.
 

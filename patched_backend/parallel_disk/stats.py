@@ -7,7 +7,7 @@ from typing import Any
 import threading
 
 # First Party
-from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS as COUNTERS
+from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS
 from kvscope.contract.counters import MISS_BY_REASON
 
 
@@ -17,7 +17,7 @@ class BackendStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
+        self._counts: Counter[str] = Counter({name: 0 for name in DISK_BACKEND_COUNTERS})
         self._corrupt: Counter[str] = Counter()
         self._misses: Counter[str] = Counter()
 
@@ -25,7 +25,7 @@ class BackendStats:
         """Add to named counters (names from contract.counters)."""
         with self._lock:
             for name, value in increments.items():
-                if name not in COUNTERS:
+                if name not in DISK_BACKEND_COUNTERS:
                     raise KeyError(f"unknown counter {name!r}")
                 self._counts[name] += value
 

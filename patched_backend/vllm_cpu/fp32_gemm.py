@@ -22,15 +22,16 @@ from typing import Any, Callable
 
 import wrapt
 
+from kvscope.contract.env import ENV_FP32_GEMM
+
 # Under vLLM's logger, whose handler prints in every vLLM process (the root logger has none).
 logger = logging.getLogger("vllm.kvscope.fp32_gemm")
-ENV = "KVSCOPE_FP32_GEMM"
 _DISPATCH_MODULE = "vllm.model_executor.layers.utils"
 
 
 def register() -> None:
     """Arm the hook in this vLLM process when the server asked for it."""
-    if os.environ.get(ENV) == "1":
+    if os.environ.get(ENV_FP32_GEMM) == "1":
         wrapt.register_post_import_hook(_wrap_dispatch, _DISPATCH_MODULE)
 
 
@@ -70,7 +71,7 @@ def onednn_lacks_bf16() -> bool:
         return False
     except RuntimeError:
         logger.info("kvscope: oneDNN has no bf16 matmul on this CPU; bf16 linear layers "
-                    "compute in fp32 (%s=1)", ENV)
+                    "compute in fp32 (%s=1)", ENV_FP32_GEMM)
         return True
 
 

@@ -14,11 +14,11 @@ import pytest
 
 from kvscope.analysis import ledger, outputs
 from kvscope.commands import analyze as analyze_command
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.contract import rundir
 from kvscope.testkit import synthetic
 
-LEDGER_COLUMNS = list(words.ATTRIBUTION_COLUMNS)
+TOKEN_COLUMNS = list(chunk_outcomes.TOKEN_COLUMNS)
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +31,14 @@ def ledger_run(tmp_path_factory):
 
 def test_attribution_has_exact_tokens_per_tier_and_reason(ledger_run):
     path, attribution, _ = ledger_run
-    truth = synthetic.expected(path).set_index("request_id")[LEDGER_COLUMNS]
-    got = attribution.set_index("request_id")[LEDGER_COLUMNS]
+    truth = synthetic.expected(path).set_index("request_id")[TOKEN_COLUMNS]
+    got = attribution.set_index("request_id")[TOKEN_COLUMNS]
     pd.testing.assert_frame_equal(got.astype("int64"), truth.loc[got.index], check_dtype=False)
-    hits = sum(got[words.hit_tokens_column(t)] for t in words.TIERS)
-    missed = sum(got[words.missed_tokens_column(r)] for r in words.REASONS)
+    hits = sum(got[chunk_outcomes.hit_tokens_column(t)] for t in chunk_outcomes.TIERS)
+    missed = sum(got[chunk_outcomes.missed_tokens_column(r)] for r in chunk_outcomes.REASONS)
     assert (hits + missed == got["ledger_tokens"]).all()
     assert (got["ledger_tokens"] == synthetic.PROMPT_TOKENS).all()
-    assert truth[words.hit_tokens_column("vllm")].sum() > 0  # the kv.lookup join is exercised
+    assert truth[chunk_outcomes.hit_tokens_column("vllm")].sum() > 0  # the kv.lookup join is exercised
 
 
 def test_chunk_ledger_table_is_written_with_the_contract_columns(ledger_run):
@@ -49,10 +49,10 @@ def test_chunk_ledger_table_is_written_with_the_contract_columns(ledger_run):
     for field in rundir.CHUNK_LEDGER.schema:
         got = schema.field(field.name).type
         assert got == field.type or (pa.types.is_large_string(got) and field.type == pa.string())
-    hits = table[table["tier"] != words.TIER_NONE]
+    hits = table[table["tier"] != chunk_outcomes.TIER_NONE]
     assert (hits["reason"] == "").all()  # nothing is reported for a chunk that hit
-    misses = table[table["tier"] == words.TIER_NONE]
-    assert set(misses["reason"]) <= set(words.REASONS) and (misses["reason"] != "").all()
+    misses = table[table["tier"] == chunk_outcomes.TIER_NONE]
+    assert set(misses["reason"]) <= set(chunk_outcomes.REASONS) and (misses["reason"] != "").all()
     one = table[table["request_id"] == table["request_id"].iloc[0]]
     assert list(one["chunk_index"]) == list(range(len(one)))  # a strip per request, in order
 
@@ -63,17 +63,17 @@ def test_summary_tiers_reasons_and_ttft_cost(ledger_run):
     s = summary["chunk_ledger"]
     total = int(truth["ledger_tokens"].sum())
     assert s["tokens"] == total
-    for tier in words.TIERS:
-        tokens = int(truth[words.hit_tokens_column(tier)].sum())
+    for tier in chunk_outcomes.TIERS:
+        tokens = int(truth[chunk_outcomes.hit_tokens_column(tier)].sum())
         assert s["tiers"][tier]["tokens"] == tokens
         assert s["tiers"][tier]["hit_rate"] == pytest.approx(tokens / total)
-    missed = sum(truth[words.missed_tokens_column(r)] for r in words.REASONS)
+    missed = sum(truth[chunk_outcomes.missed_tokens_column(r)] for r in chunk_outcomes.REASONS)
     computed = missed > 0  # a prefill span with computed tokens: every missed one
     rate = truth.loc[computed, "prefill_ns"].sum() / s["missed_tokens"]
     assert s["prefill_ns_per_token"] == pytest.approx(rate)
     by_reason = {m["reason"]: m for m in s["misses"]}
-    for reason in words.REASONS:
-        tokens = int(truth[words.missed_tokens_column(reason)].sum())
+    for reason in chunk_outcomes.REASONS:
+        tokens = int(truth[chunk_outcomes.missed_tokens_column(reason)].sum())
         if not tokens:
             assert reason not in by_reason
             continue
@@ -81,13 +81,13 @@ def test_summary_tiers_reasons_and_ttft_cost(ledger_run):
         assert by_reason[reason]["ttft_cost_s"] == pytest.approx(tokens * rate / 1e9)
     assert [m["tokens"] for m in s["misses"]] == sorted((m["tokens"] for m in s["misses"]),
                                                         reverse=True)
-    assert by_reason[words.EVICTED_DISK]["median_age_s"] == pytest.approx(90.0)
+    assert by_reason[chunk_outcomes.EVICTED_DISK]["median_age_s"] == pytest.approx(90.0)
     json.dumps(summary)  # JSON-ready
 
 
 def test_one_dominant_reason_is_a_finding_and_analyze_prints_the_ledger(tmp_path, monkeypatch,
                                                                          capsys):
-    monkeypatch.setattr(synthetic, "MISSES", ((words.EVICTED_DISK, "capacity 20 GiB"),))
+    monkeypatch.setattr(synthetic, "MISSES", ((chunk_outcomes.EVICTED_DISK, "capacity 20 GiB"),))
     path = synthetic.make_run(tmp_path / "run", n_requests=20, seed=2, ledger=True)
     assert analyze_command.run(argparse.Namespace(run=str(path), no_plots=False)) == 0
     out = capsys.readouterr().out
@@ -116,7 +116,7 @@ def test_a_v3_run_without_ledger_spans_still_loads(tmp_path):
     (path / rundir.MANIFEST).write_text(json.dumps(manifest))
     assert rundir.validate(path) == []
     attribution, summary = outputs.analyze(path, plots=False)
-    assert (attribution[LEDGER_COLUMNS] == 0).all().all()
+    assert (attribution[TOKEN_COLUMNS] == 0).all().all()
     assert summary["chunk_ledger"] is None
     assert pd.read_parquet(path / rundir.CHUNK_LEDGER.file).empty
 

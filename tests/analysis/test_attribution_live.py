@@ -18,7 +18,8 @@ import pytest
 
 from kvscope import analysis
 from kvscope.contract import rundir
-from kvscope.capture.workload.runner import RunOptions, execute
+from kvscope.capture.workload.options import RunOptions
+from kvscope.capture.workload.runner import execute
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.contract import rundir
 from kvscope.dashboards import chunks
 
@@ -20,17 +20,17 @@ def ledger_rows(run: str, outcomes: list[tuple[str, str]], *, lookup_ns: int = 0
                      "lookup_ns": lookup_ns, "chunk_index": i, "start_token": i * chunk_tokens,
                      "end_token": (i + 1) * chunk_tokens, "tokens": chunk_tokens,
                      "chunk_hash": f"{i:08x}", "tier": tier, "reason": reason,
-                     "detail": "capacity 20 GiB" if reason == words.EVICTED_DISK else "",
+                     "detail": "capacity 20 GiB" if reason == chunk_outcomes.EVICTED_DISK else "",
                      "fact_ns": -1, "stored_ns": -1,
-                     "diverged_at": 300 if reason == words.DIVERGED else -1})
+                     "diverged_at": 300 if reason == chunk_outcomes.DIVERGED else -1})
     frame = pd.DataFrame(rows, columns=rundir.CHUNK_LEDGER.schema.names)
     return frame.assign(run=run)
 
 
 def test_strip_has_a_segment_per_chunk_over_its_tokens_named_by_what_happened():
-    rows = ledger_rows("parallel", [(words.TIER_VLLM, ""), (words.TIER_DISK, ""),
-                                    (words.TIER_NONE, words.DIVERGED),
-                                    (words.TIER_NONE, words.DIVERGED)])
+    rows = ledger_rows("parallel", [(chunk_outcomes.TIER_VLLM, ""), (chunk_outcomes.TIER_DISK, ""),
+                                    (chunk_outcomes.TIER_NONE, chunk_outcomes.DIVERGED),
+                                    (chunk_outcomes.TIER_NONE, chunk_outcomes.DIVERGED)])
     fig = chunks.chunk_strip(rows.iloc[::-1])  # any row order: the strip is in prompt order
     by_name = {t.name: t for t in fig.data}
     assert list(by_name) == ["hit: vllm", "hit: disk", "miss: diverged"]
@@ -43,7 +43,7 @@ def test_strip_has_a_segment_per_chunk_over_its_tokens_named_by_what_happened():
 
 
 def test_strip_escapes_trace_strings_and_says_when_there_is_no_ledger():
-    rows = ledger_rows("r", [(words.TIER_NONE, words.REFUSED)])
+    rows = ledger_rows("r", [(chunk_outcomes.TIER_NONE, chunk_outcomes.REFUSED)])
     rows["detail"] = "<b>checksum</b>"
     fig = chunks.chunk_strip(rows)
     assert "&lt;b&gt;checksum&lt;/b&gt;" in fig.data[0].hovertext[0]
@@ -55,12 +55,12 @@ def test_strip_escapes_trace_strings_and_says_when_there_is_no_ledger():
 
 def test_reasons_over_time_bin_every_token_once_per_run_panel():
     first = pd.concat([
-        ledger_rows("serial", [(words.TIER_NONE, words.NEVER_STORED)] * 2, lookup_ns=0,
+        ledger_rows("serial", [(chunk_outcomes.TIER_NONE, chunk_outcomes.NEVER_STORED)] * 2, lookup_ns=0,
                     request_id="a"),
-        ledger_rows("serial", [(words.TIER_DISK, ""), (words.TIER_NONE, words.EVICTED_DISK)],
+        ledger_rows("serial", [(chunk_outcomes.TIER_DISK, ""), (chunk_outcomes.TIER_NONE, chunk_outcomes.EVICTED_DISK)],
                     lookup_ns=10_000_000_000, request_id="b"),
     ])
-    second = ledger_rows("parallel", [(words.TIER_CPU, "")] * 3, lookup_ns=5_000_000_000)
+    second = ledger_rows("parallel", [(chunk_outcomes.TIER_CPU, "")] * 3, lookup_ns=5_000_000_000)
     fig = chunks.miss_reasons_over_time(pd.concat([first, second]), bins=10)
     per_panel: dict[tuple[str, str], float] = {}
     for trace in fig.data:
@@ -76,7 +76,7 @@ def test_reasons_over_time_bin_every_token_once_per_run_panel():
 
 
 def test_every_tier_and_reason_has_its_own_colour():
-    labels = [chunks.outcome(t, "") for t in words.TIERS]
-    labels += [chunks.outcome(words.TIER_NONE, r) for r in words.REASONS]
+    labels = [chunks.outcome(t, "") for t in chunk_outcomes.TIERS]
+    labels += [chunks.outcome(chunk_outcomes.TIER_NONE, r) for r in chunk_outcomes.REASONS]
     colours = [chunks.outcome_color(label) for label in labels]
     assert len(set(colours)) == len(colours)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope import estimate, study
+from kvscope import estimate, study_options
 
 
 def test_the_estimate_counts_one_warm_phase_per_chunk_format_and_bf16_support(tmp_path):
@@ -12,20 +12,20 @@ def test_the_estimate_counts_one_warm_phase_per_chunk_format_and_bf16_support(tm
 
     assert estimate.bf16_native("flags : fpu avx2 avx512f avx512_bf16") is True
     assert estimate.bf16_native("flags : fpu avx2 fma") is False
-    shared = estimate.estimate(study.StudyOptions(out=tmp_path), gflops=50.0, native=False)
-    apart = estimate.estimate(study.StudyOptions(out=tmp_path, share_warm=False), 50.0, False)
+    shared = estimate.estimate(study_options.StudyOptions(out=tmp_path), gflops=50.0, native=False)
+    apart = estimate.estimate(study_options.StudyOptions(out=tmp_path, share_warm=False), 50.0, False)
     prefill_s = estimate.prefill_flops(twins.get("qwen2.5-32b"), 1024) / (
         50e9 * estimate.PREFILL_EFFICIENCY)
     assert shared["warm phases"] == pytest.approx(16 * prefill_s)
     assert apart["warm phases"] == pytest.approx(3 * 16 * prefill_s)
-    native = estimate.estimate(study.StudyOptions(out=tmp_path), gflops=50.0, native=True)
+    native = estimate.estimate(study_options.StudyOptions(out=tmp_path), gflops=50.0, native=True)
     assert native["warm phases"] == pytest.approx(shared["warm phases"] / estimate.BF16_NATIVE_SPEEDUP)
-    said = estimate.words(study.StudyOptions(out=tmp_path), 50.0, False, load=0.0, cpus=2)
+    said = estimate.words(study_options.StudyOptions(out=tmp_path), 50.0, False, load=0.0, cpus=2)
     assert said.startswith("estimate: ") and "1 warm phase;" in said and "not native" in said
 
 
 def test_other_work_stretches_the_estimate_by_its_share_of_the_cores(tmp_path):
-    opts = study.StudyOptions(out=tmp_path)
+    opts = study_options.StudyOptions(out=tmp_path)
     idle = sum(estimate.estimate(opts, 100.0, False).values())
     assert estimate.load_factor(0.0, 2) == 1.0 and estimate.load_factor(2.0, 2) == 2.0
     said = estimate.words(opts, 100.0, False, load=1.0, cpus=2)

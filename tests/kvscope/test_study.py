@@ -8,9 +8,10 @@ import re
 
 import pytest
 
+from kvscope.contract.env import ENV_FP32_GEMM
 from kvscope.analysis import outputs
 from kvscope.testkit import synthetic
-from kvscope import study
+from kvscope import study, study_options
 from kvscope.capture import ceiling
 from kvscope.contract import rundir
 
@@ -28,7 +29,7 @@ def describe(run) -> None:
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("study")
     made = {}
-    for seed, profile in enumerate((study.BASELINE, study.CANDIDATE)):
+    for seed, profile in enumerate((study_options.BASELINE, study_options.CANDIDATE)):
         run = synthetic.make_run(base / profile, n_requests=40, seed=seed, phases=("cold",))
         rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 4e9})
         describe(run)
@@ -41,8 +42,8 @@ def test_headline_has_one_row_per_profile_and_cold_phase(runs):
     table = study.headline(runs)
     assert sorted(table["profile"]) == sorted(runs)
     assert (table["ceiling_GBps"] == 4.0).all()
-    serial = table[table["profile"] == study.BASELINE].iloc[0]
-    parallel = table[table["profile"] == study.CANDIDATE].iloc[0]
+    serial = table[table["profile"] == study_options.BASELINE].iloc[0]
+    parallel = table[table["profile"] == study_options.CANDIDATE].iloc[0]
     assert serial["speedup_vs_serial"] == 1.0
     assert parallel["speedup_vs_serial"] == pytest.approx(
         serial["ttft_p50_s"] / parallel["ttft_p50_s"])
@@ -69,7 +70,7 @@ def three_runs(tmp_path):
     """Three synthetic runs on one disk whose own ceilings differ (as the issue's 3.21, 4.14
     and 4.44 GB/s), one measured again after its last cold phase."""
     made = {}
-    for seed, (profile, rate) in enumerate(((study.BASELINE, 3.21e9), (study.CANDIDATE, 4.14e9),
+    for seed, (profile, rate) in enumerate(((study_options.BASELINE, 3.21e9), (study_options.CANDIDATE, 4.14e9),
                                             ("stock", 4.44e9))):
         run = synthetic.make_run(tmp_path / profile, n_requests=24, seed=seed, phases=("cold",))
         rundir.update_manifest(run, "device_ceiling", _ceiling(rate))
@@ -80,7 +81,7 @@ def three_runs(tmp_path):
 
 def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_runs, tmp_path):
     after = {"stock": ceiling.best_of([_ceiling(4.5e9, "after the last cold phase")])}
-    steps = study.plan(study.StudyOptions(out=tmp_path, profiles=list(three_runs)))
+    steps = study.plan(study_options.StudyOptions(out=tmp_path, profiles=list(three_runs)))
     body = study.record(tmp_path, three_runs, steps, after)
     best = body["device_ceilings"]["vda"]
     assert best["bytes_per_s"] == 4.5e9 and best["when"] == "after the last cold phase"
@@ -98,7 +99,7 @@ def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_ru
 
 
 def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(three_runs, tmp_path):
-    steps = study.plan(study.StudyOptions(out=tmp_path, profiles=list(three_runs)))
+    steps = study.plan(study_options.StudyOptions(out=tmp_path, profiles=list(three_runs)))
     study.record(tmp_path, three_runs, steps, {})
     for run in three_runs.values():
         rundir.update_manifest(run, "study", {
@@ -116,9 +117,9 @@ def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(thr
 
 
 def test_the_stock_run_warms_for_the_whole_study(tmp_path):
-    opts = study.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
+    opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
     steps = study.plan(opts)
-    assert [s.profile for s in steps] == ["stock", study.BASELINE, study.CANDIDATE]
+    assert [s.profile for s in steps] == ["stock", study_options.BASELINE, study_options.CANDIDATE]
     stock, serial, parallel = steps
     assert stock.phases == ["warm", "cold"] and stock.warm_from is None
     assert stock.copy_dir is not None and stock.copy_dir != stock.kv_dir
@@ -126,18 +127,18 @@ def test_the_stock_run_warms_for_the_whole_study(tmp_path):
         assert step.phases == ["cold"] and step.warm_from == "stock"
         assert step.kv_dir == stock.copy_dir and step.copy_dir is None
     assert study.warm_group("stock") is None
-    assert study.warm_group(study.BASELINE) == study.warm_group(study.CANDIDATE) is not None
-    apart = study.plan(study.StudyOptions(out=tmp_path / "s", share_warm=False))
+    assert study.warm_group(study_options.BASELINE) == study.warm_group(study_options.CANDIDATE) is not None
+    apart = study.plan(study_options.StudyOptions(out=tmp_path / "s", share_warm=False))
     assert all(s.phases == ["warm", "cold"] and s.copy_dir is None for s in apart)
     assert [s.profile for s in apart] == opts.profiles
 
 
 def test_without_a_stock_profile_the_first_of_a_chunk_format_warms(tmp_path):
-    opts = study.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv",
-                              profiles=[study.BASELINE, study.CANDIDATE])
+    opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv",
+                              profiles=[study_options.BASELINE, study_options.CANDIDATE])
     serial, parallel = study.plan(opts)
     assert serial.phases == ["warm", "cold"] and serial.copy_dir is None
-    assert parallel.phases == ["cold"] and parallel.warm_from == study.BASELINE
+    assert parallel.phases == ["cold"] and parallel.warm_from == study_options.BASELINE
     assert parallel.kv_dir == serial.kv_dir
 
 
@@ -151,7 +152,7 @@ def test_the_copy_tier_is_write_only_and_after_stocks_own(tmp_path):
     extra = config["extra_config"]
     assert extra["kvscope.path"] == str(tmp_path / "b") and extra["kvscope.write_only"] is True
     with pytest.raises(ValueError):
-        profiles.with_kvscope_copy(profiles.get(study.BASELINE).lmcache_config(tmp_path), tmp_path)
+        profiles.with_kvscope_copy(profiles.get(study_options.BASELINE).lmcache_config(tmp_path), tmp_path)
 
 
 def test_headline_throughput_columns_are_the_phase_rates(runs):
@@ -165,9 +166,9 @@ def test_headline_throughput_columns_are_the_phase_rates(runs):
             ok["output_tokens"].clip(lower=0).sum() / wall_s, rel=1e-12)
     rates = study.throughput_comparisons(runs).set_index("metric")
     r = rates.loc["requests_per_s"]
-    assert r["ratio"] == pytest.approx(table.loc[study.CANDIDATE, "req_per_s"]
-                                       / table.loc[study.BASELINE, "req_per_s"])
-    assert table.loc[study.CANDIDATE, "throughput_vs_serial"] == pytest.approx(r["ratio"])
+    assert r["ratio"] == pytest.approx(table.loc[study_options.CANDIDATE, "req_per_s"]
+                                       / table.loc[study_options.BASELINE, "req_per_s"])
+    assert table.loc[study_options.CANDIDATE, "throughput_vs_serial"] == pytest.approx(r["ratio"])
 
 
 @pytest.mark.live
@@ -180,19 +181,19 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
     import pandas as pd
 
     requests, prompt_tokens, chunks_per_prompt = 4, 600, 2  # two full 256-token chunks each
-    opts = study.StudyOptions(out=tmp_path / "study", model="tiny",
-                              profiles=[study.BASELINE, "stock"], requests=requests,
+    opts = study_options.StudyOptions(out=tmp_path / "study", model="tiny",
+                              profiles=[study_options.BASELINE, "stock"], requests=requests,
                               concurrency=[2], prompt_tokens=prompt_tokens, port=free_port,
                               kv_dir_base=tmp_path / "kv")
     runs = study.run_study(opts)
-    assert list(runs) == [study.BASELINE, "stock"]  # the order asked for, not the run order
+    assert list(runs) == [study_options.BASELINE, "stock"]  # the order asked for, not the run order
     from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
     for run in runs.values():  # bf16 layers in fp32 exactly where oneDNN has no bf16 matmul
-        assert rundir.read_manifest(run)["server"]["env"][fp32_gemm.ENV] == "1"
+        assert rundir.read_manifest(run)["server"]["env"][ENV_FP32_GEMM] == "1"
         applied = "bf16 linear layers compute in fp32" in (run / "server.log").read_text()
         assert applied == fp32_gemm.onednn_lacks_bf16()
-    serial, stock = (rundir.read_manifest(runs[p]) for p in (study.BASELINE, "stock"))
+    serial, stock = (rundir.read_manifest(runs[p]) for p in (study_options.BASELINE, "stock"))
     assert [p["name"] for p in stock["phases"]] == ["warm", "cold"]
     assert [p["name"] for p in serial["phases"]] == ["cold"]  # no warm phase of its own
     assert serial["study"]["warm_phase_from"] == "stock"

@@ -6,6 +6,7 @@ from types import ModuleType, SimpleNamespace
 
 import torch
 
+from kvscope.contract.env import ENV_FP32_GEMM
 from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
 
@@ -56,10 +57,10 @@ def test_the_hook_is_armed_only_when_the_server_asks(monkeypatch):
     armed: list = []
     monkeypatch.setattr(fp32_gemm.wrapt, "register_post_import_hook",
                         lambda hook, name: armed.append(name))
-    monkeypatch.delenv(fp32_gemm.ENV, raising=False)
+    monkeypatch.delenv(ENV_FP32_GEMM, raising=False)
     fp32_gemm.register()
     assert armed == []
-    monkeypatch.setenv(fp32_gemm.ENV, "1")
+    monkeypatch.setenv(ENV_FP32_GEMM, "1")
     fp32_gemm.register()
     assert armed == ["vllm.model_executor.layers.utils"]
 

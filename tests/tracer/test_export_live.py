@@ -13,10 +13,11 @@ import pytest
 from kvscope.testkit.tracing import assert_children_nest_in_parents, free_tcp_port, wait_until
 from kvscope.testkit.user_server import complete, tiny_prompts, tokens_and_logprobs, user_server
 
-from kvscope.contract.env import ENV_CLOCK_OFFSET
+from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope import analysis
 from kvscope.contract import rundir, semconv
-from kvscope.capture.workload.runner import RunOptions, execute
+from kvscope.capture.workload.options import RunOptions
+from kvscope.capture.workload.runner import execute
 from kvscope.tracer import failsafe, pipeline, runtime
 from kvscope.tracer.run import read_stats
 
@@ -155,7 +156,7 @@ def test_bad_values_each_fall_back_one_line_per_process_counted_answers_unchange
     prompts, expected = answers_with_tracing_off
     _, endpoint = otlp_receiver  # http/json falls back to HTTP, which this gRPC port refuses
     spans = tmp_path / "spans"
-    env = {"KVSCOPE_TRACING": "1", pipeline.ENV_SPANS_DIR: str(spans),
+    env = {"KVSCOPE_TRACING": "1", ENV_SPANS_DIR: str(spans),
            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, **BAD_VALUES}
     with user_server(tmp_path, env=env) as server:
         assert _answers(server, prompts) == expected
@@ -178,7 +179,7 @@ def test_a_pipeline_build_that_raises_leaves_answers_unchanged_counted_once(
     """The build made to raise by the test-only KVSCOPE_FAULT_INJECTION, in every process."""
     prompts, expected = answers_with_tracing_off
     spans = tmp_path / "spans"
-    env = {"KVSCOPE_TRACING": "1", pipeline.ENV_SPANS_DIR: str(spans),
+    env = {"KVSCOPE_TRACING": "1", ENV_SPANS_DIR: str(spans),
            failsafe.ENV_FAULTS: runtime.BUILD}
     with user_server(tmp_path, env=env) as server:
         assert _answers(server, prompts) == expected
@@ -199,7 +200,7 @@ def test_a_users_server_stopped_by_sigterm_with_a_shutdown_timeout_delivers_ever
     the files reached the collector although none left before the exit flush."""
     receiver, endpoint = otlp_receiver
     spans = tmp_path / "spans"
-    env = {"KVSCOPE_TRACING": "1", pipeline.ENV_SPANS_DIR: str(spans),
+    env = {"KVSCOPE_TRACING": "1", ENV_SPANS_DIR: str(spans),
            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
            "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # nothing leaves before the exit flush
     with user_server(tmp_path, env=env, args=["--shutdown-timeout", "15"]) as server:

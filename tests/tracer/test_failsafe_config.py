@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope.tracer import config, failsafe, pipeline, vllm_plugin
 
 OTLP = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
@@ -41,14 +42,14 @@ def _warnings(caplog) -> list[str]:
     pytest.param({**OTLP, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "ten"},
                  "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", lambda c: c.otlp is None,
                  id="otlp-traces-timeout-otlp-off"),
-    pytest.param({config.ENV_OFFSET: "abc"}, config.ENV_OFFSET,
+    pytest.param({ENV_CLOCK_OFFSET: "abc"}, ENV_CLOCK_OFFSET,
                  lambda c: c.clock_offset_ns is None, id="clock-offset"),
     pytest.param({"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER",
                  lambda c: c.sampler_name == config.DEFAULT_SAMPLER, id="sampler-name"),
     pytest.param({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                   "OTEL_TRACES_SAMPLER_ARG": "25%"}, "OTEL_TRACES_SAMPLER_ARG",
                  lambda c: c.sampler_arg == 1.0, id="sampler-arg"),
-    pytest.param({config.ENV_SPANS_DIR: "/proc/kvscope-spans"}, config.ENV_SPANS_DIR,
+    pytest.param({ENV_SPANS_DIR: "/proc/kvscope-spans"}, ENV_SPANS_DIR,
                  lambda c: c.spans_dir is None, id="spans-dir-unwritable"),
 ])
 def test_a_bad_value_falls_back_with_one_line_and_one_count(env, variable, check, caplog):
@@ -67,8 +68,8 @@ def test_good_values_are_used_and_say_nothing(caplog, tmp_path):
     env = {"OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "16",
            "OTEL_BSP_SCHEDULE_DELAY": "5000", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
            "http://c:4318/v1/traces", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-           "OTEL_EXPORTER_OTLP_TIMEOUT": "2.5", config.ENV_OFFSET: "-42",
-           config.ENV_SPANS_DIR: str(tmp_path / "spans")}
+           "OTEL_EXPORTER_OTLP_TIMEOUT": "2.5", ENV_CLOCK_OFFSET: "-42",
+           ENV_SPANS_DIR: str(tmp_path / "spans")}
     with caplog.at_level(logging.WARNING):
         settings = config.load(env)
     assert _warnings(caplog) == [] and failsafe.counts() == {}
@@ -82,7 +83,7 @@ def test_good_values_are_used_and_say_nothing(caplog, tmp_path):
 
 def test_start_up_line_says_on_where_and_sampler(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv(vllm_plugin.ENV_TRACING, "1")
-    monkeypatch.setenv(config.ENV_SPANS_DIR, str(tmp_path))
+    monkeypatch.setenv(ENV_SPANS_DIR, str(tmp_path))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.01")
@@ -95,12 +96,12 @@ def test_start_up_line_says_on_where_and_sampler(monkeypatch, caplog, tmp_path):
 
 def test_start_up_line_says_why_nothing_will_be_exported(monkeypatch, caplog):
     monkeypatch.setenv(vllm_plugin.ENV_TRACING, "1")
-    for name in (config.ENV_SPANS_DIR, "OTEL_EXPORTER_OTLP_ENDPOINT",
+    for name in (ENV_SPANS_DIR, "OTEL_EXPORTER_OTLP_ENDPOINT",
                  "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     line = _plugin_lines(monkeypatch, caplog)
     assert len(line) == 1 and "nothing will be exported" in line[0], line
-    assert config.ENV_SPANS_DIR in line[0] and "OTEL_EXPORTER_OTLP_" in line[0]
+    assert ENV_SPANS_DIR in line[0] and "OTEL_EXPORTER_OTLP_" in line[0]
 
 
 def test_vllm_plugins_without_the_tracing_plugin_is_said(monkeypatch, caplog):

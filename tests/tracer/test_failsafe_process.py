@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from kvscope.testkit.tracing import wait_until
 
-from kvscope.contract.env import ENV_CLOCK_OFFSET
+from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope.tracer import config, failsafe, pipeline, runtime
 from kvscope.contract import semconv
 from kvscope.tracer.run import summarize_stats
@@ -37,7 +37,7 @@ def _fresh():
 
 def test_a_pipeline_that_cannot_be_built_means_tracing_off_here_counted_once(
         tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv(pipeline.ENV_SPANS_DIR, str(tmp_path))
+    monkeypatch.setenv(ENV_SPANS_DIR, str(tmp_path))
     monkeypatch.setattr(failsafe, "_FAULTS", frozenset({runtime.BUILD}))
     with caplog.at_level(logging.WARNING, logger="kvscope.tracer.failsafe"):
         assert runtime.get() is None
@@ -66,7 +66,7 @@ def _emit_roots(rt: runtime.Runtime, count: int) -> list:
 
 
 def test_parentbased_traceidratio_at_a_quarter_samples_exactly_the_traces_it_should(tmp_path):
-    env = {pipeline.ENV_SPANS_DIR: str(tmp_path), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+    env = {ENV_SPANS_DIR: str(tmp_path), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
            "OTEL_TRACES_SAMPLER_ARG": str(RATIO)}
     rt = runtime.Runtime(pipeline.build("test", "test", env), offset_ns=0)
     roots = _emit_roots(rt, 400)
@@ -105,7 +105,7 @@ def child_main(env: dict[str, str], count: int, wait_for_sigterm: bool) -> None:
         span = rt.tracer.start_span(semconv.SPAN_QUEUE, attributes={semconv.REQUEST_ID: f"r{i}"})
         span.end()
     if wait_for_sigterm:
-        (Path(env[pipeline.ENV_SPANS_DIR]) / "ready").touch()
+        (Path(env[ENV_SPANS_DIR]) / "ready").touch()
         time.sleep(60)
 
 
@@ -117,7 +117,7 @@ def vllm_like_parent(env: dict[str, str], count: int, ending: str) -> None:
         target=child_main, args=(env, count, ending == "sigterm"))
     child.start()
     if ending == "sigterm":
-        ready = Path(env[pipeline.ENV_SPANS_DIR]) / "ready"
+        ready = Path(env[ENV_SPANS_DIR]) / "ready"
         wait_until(ready.exists, timeout_s=60)
         child.terminate()
     child.join(60)
@@ -127,7 +127,7 @@ def vllm_like_parent(env: dict[str, str], count: int, ending: str) -> None:
 @pytest.mark.parametrize("ending", ["returns", "sigterm"])
 def test_a_forked_child_exports_its_last_spans_before_it_exits(ending, tmp_path, otlp_receiver):
     receiver, endpoint = otlp_receiver
-    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, pipeline.ENV_SPANS_DIR: str(tmp_path),
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, ENV_SPANS_DIR: str(tmp_path),
            "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # nothing leaves before the exit flush
     parent = multiprocessing.get_context("spawn").Process(target=vllm_like_parent,
                                                           args=(env, 25, ending))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.contract import semconv
 from kvscope.tracer import ledger
 from kvscope.tracer.ledger import Ledger
@@ -39,8 +39,8 @@ def outcome(record) -> list[tuple[str, str]]:
 def test_first_time_prompt_is_never_stored_and_its_short_tail_a_partial_chunk():
     led = Ledger()
     record = look(led, "r1", keys(1, 2, 3), lengths=[CHUNK, CHUNK, 88])
-    assert outcome(record) == [("none", words.NEVER_STORED), ("none", words.NEVER_STORED),
-                               ("none", words.PARTIAL_CHUNK)]
+    assert outcome(record) == [("none", chunk_outcomes.NEVER_STORED), ("none", chunk_outcomes.NEVER_STORED),
+                               ("none", chunk_outcomes.PARTIAL_CHUNK)]
     assert [(c.start, c.end) for c in record.chunks] == [(0, 256), (256, 512), (512, 600)]
     assert record.chunks[2].detail == "88 of 256 tokens"
 
@@ -65,7 +65,7 @@ def test_store_outcomes_on_the_disk_tier():
     led.disk_store(texts[3], False, "EIO", "EIO: Input/output error", 22)
     records = [look(led, f"r{i}", [k]) for i, k in enumerate(ks)]
     assert [r.chunks[0].reason for r in records] == [
-        words.STORE_QUEUED, words.STORE_ENOSPC, words.STORE_QUEUE_FULL, words.STORE_ERROR]
+        chunk_outcomes.STORE_QUEUED, chunk_outcomes.STORE_ENOSPC, chunk_outcomes.STORE_QUEUE_FULL, chunk_outcomes.STORE_ERROR]
     assert records[1].chunks[0].fact_ns == 20
     assert records[1].chunks[0].detail.startswith("ENOSPC")
 
@@ -81,10 +81,10 @@ def test_evicted_refused_and_cpu_evicted_without_disk_copy():
     led.cpu_evicted(c, 70)
     ra, rb, rc = (look(led, k, [Key(h)]) for k, h in (("a", 1), ("b", 2), ("c", 3)))
     assert (ra.chunks[0].reason, ra.chunks[0].fact_ns, ra.chunks[0].detail) == (
-        words.EVICTED_DISK, 50, "capacity 1048576 bytes")
+        chunk_outcomes.EVICTED_DISK, 50, "capacity 1048576 bytes")
     assert ra.chunks[0].stored_ns == 10
-    assert (rb.chunks[0].reason, rb.chunks[0].detail) == (words.REFUSED, "checksum")
-    assert (rc.chunks[0].reason, rc.chunks[0].fact_ns) == (words.EVICTED_CPU, 70)
+    assert (rb.chunks[0].reason, rb.chunks[0].detail) == (chunk_outcomes.REFUSED, "checksum")
+    assert (rc.chunks[0].reason, rc.chunks[0].fact_ns) == (chunk_outcomes.EVICTED_CPU, 70)
 
 
 def test_the_tier_that_dropped_a_chunk_last_is_its_reason():
@@ -100,11 +100,11 @@ def test_the_tier_that_dropped_a_chunk_last_is_its_reason():
     led.cpu_evicted(c, 30)
     led.disk_evicted(c, 50, 100)  # CPU first, disk last
     ra, rb, rc = (look(led, k, [Key(h)]) for k, h in (("a", 1), ("b", 2), ("c", 3)))
-    assert (ra.chunks[0].reason, ra.chunks[0].detail) == (words.EVICTED_CPU,
+    assert (ra.chunks[0].reason, ra.chunks[0].detail) == (chunk_outcomes.EVICTED_CPU,
                                                           "no disk copy (store_enospc)")
-    assert (rb.chunks[0].reason, rb.chunks[0].detail) == (words.EVICTED_CPU,
+    assert (rb.chunks[0].reason, rb.chunks[0].detail) == (chunk_outcomes.EVICTED_CPU,
                                                           "no disk copy (evicted from disk first)")
-    assert (rc.chunks[0].reason, rc.chunks[0].fact_ns) == (words.EVICTED_DISK, 50)
+    assert (rc.chunks[0].reason, rc.chunks[0].fact_ns) == (chunk_outcomes.EVICTED_DISK, 50)
 
 
 def test_a_new_store_clears_old_misses():
@@ -124,7 +124,7 @@ def test_divergence_at_the_first_chunk_whose_hash_differs_from_a_stored_sibling(
     led.stored([ledger.key_text(k) for k in first], 10)
     second = keys(1, 7, 8)  # same first chunk, then another continuation
     record = look(led, "diverged", second, {"kvscope": second[:1]})
-    assert outcome(record) == [("disk", ""), ("none", words.DIVERGED), ("none", words.DIVERGED)]
+    assert outcome(record) == [("disk", ""), ("none", chunk_outcomes.DIVERGED), ("none", chunk_outcomes.DIVERGED)]
     assert [c.diverged_at for c in record.chunks] == [-1, 256, 256]
     assert record.chunks[1].detail == "prefix diverged at token 256"
 
@@ -135,7 +135,7 @@ def test_chunks_behind_a_miss_that_a_tier_holds_are_behind_miss():
     led.stored([ledger.key_text(k) for k in ks], 10)
     led.disk_evicted(ledger.key_text(ks[0]), 20, 100)
     record = look(led, "r", ks, {}, present=lambda key: key == ks[1])
-    assert outcome(record) == [("none", words.EVICTED_DISK), ("none", words.BEHIND_MISS)]
+    assert outcome(record) == [("none", chunk_outcomes.EVICTED_DISK), ("none", chunk_outcomes.BEHIND_MISS)]
 
 
 def test_a_load_that_does_not_serve_a_hit_makes_it_a_miss():
@@ -147,7 +147,7 @@ def test_a_load_that_does_not_serve_a_hit_makes_it_a_miss():
     led.refused(texts[1], "checksum", 30)
     led.loaded("r", [True] * 256 + [False] * 512)
     record = led.take("r")
-    assert outcome(record) == [("disk", ""), ("none", words.REFUSED), ("none", words.LOAD_FAILED)]
+    assert outcome(record) == [("disk", ""), ("none", chunk_outcomes.REFUSED), ("none", chunk_outcomes.LOAD_FAILED)]
     assert led.take("r") is None  # written once
 
 
@@ -165,7 +165,7 @@ def test_span_attributes_are_one_array_element_per_chunk():
     record = look(led, "r", keys(1, 2), lengths=[CHUNK, 10])
     attrs = ledger.attributes(record, 4)
     assert attrs[semconv.LEDGER_START] == [0, 256] and attrs[semconv.LEDGER_END] == [256, 266]
-    assert attrs[semconv.LEDGER_REASON] == [words.NEVER_STORED, words.PARTIAL_CHUNK]
+    assert attrs[semconv.LEDGER_REASON] == [chunk_outcomes.NEVER_STORED, chunk_outcomes.PARTIAL_CHUNK]
     assert attrs[semconv.LEDGER_KEY] == ["0000000000000001", "0000000000000002"]
     assert attrs[semconv.LEDGER_DROPPED] == 4
 

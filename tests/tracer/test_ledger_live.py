@@ -35,7 +35,7 @@ from kvscope.testkit.user_server import complete, tiny_prompts, user_server
 from kvscope.capture import twins
 from kvscope.analysis import ledger as analysis_ledger
 from kvscope.analysis.otlp import read_span_files
-from kvscope.contract import ledger as words
+from kvscope.contract import chunk_outcomes
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, SUFFIX, file_size_for
 from kvscope.patched_backend.parallel_disk.lmcache_config import lmcache_settings
 from kvscope.tracer.run import summarize_stats, wait_for_span_files
@@ -106,14 +106,14 @@ def _outcomes(table: pd.DataFrame) -> dict[str, Counter]:
     """request -> Counter of tokens per `hit:<tier>` / miss reason."""
     out: dict[str, Counter] = {}
     for row in table.itertuples(index=False):
-        label = f"hit:{row.tier}" if row.tier != words.TIER_NONE else row.reason
+        label = f"hit:{row.tier}" if row.tier != chunk_outcomes.TIER_NONE else row.reason
         out.setdefault(row.request_id, Counter())[label] += row.tokens
     return out
 
 
 def _print_table(title: str, table: pd.DataFrame) -> None:
-    misses = table[table["tier"] == words.TIER_NONE]
-    hits = table[table["tier"] != words.TIER_NONE]
+    misses = table[table["tier"] == chunk_outcomes.TIER_NONE]
+    hits = table[table["tier"] != chunk_outcomes.TIER_NONE]
     rows = [(f"hit:{t}", len(g), int(g["tokens"].sum())) for t, g in hits.groupby("tier")]
     rows += [(r, len(g), int(g["tokens"].sum())) for r, g in misses.groupby("reason")]
     print(f"\n{title}\n| tier / reason | chunks | tokens |\n|---|---|---|")
@@ -137,7 +137,7 @@ def _analyze(spans_dir: Path, run: Path) -> str:
 
 
 def _check(table: pd.DataFrame, expected: dict[str, dict[str, int]]) -> None:
-    hits = table[table["tier"] != words.TIER_NONE]
+    hits = table[table["tier"] != chunk_outcomes.TIER_NONE]
     assert (hits["reason"] == "").all() and (hits["detail"].isin(["", "kvscope"])).all()
     got = _outcomes(table)
     for rid, want in expected.items():
@@ -189,15 +189,15 @@ def test_every_miss_reason_on_a_disk_tier_then_a_cpu_tier(tmp_path, tmpfs):
     table_a = _ledger(spans_a)
     _print_table("server A (kvscope disk tier, capacity 5 chunk files)", table_a)
     _check(table_a, {
-        "A1-first": {words.NEVER_STORED: 2 * CHUNK},
+        "A1-first": {chunk_outcomes.NEVER_STORED: 2 * CHUNK},
         "A2-again": {"hit:disk": 2 * CHUNK},
-        "A3-diverged": {"hit:disk": CHUNK, words.DIVERGED: CHUNK},
-        "A4-first": {words.NEVER_STORED: CHUNK},
-        "A5-corrupt": {words.REFUSED: CHUNK},
-        "A6-first": {words.NEVER_STORED: CHUNK},
-        "A7-enospc": {words.STORE_ENOSPC: CHUNK},
-        "A8-big": {words.NEVER_STORED: 5 * CHUNK},
-        "A9-evicted": {words.EVICTED_DISK: 2 * CHUNK},
+        "A3-diverged": {"hit:disk": CHUNK, chunk_outcomes.DIVERGED: CHUNK},
+        "A4-first": {chunk_outcomes.NEVER_STORED: CHUNK},
+        "A5-corrupt": {chunk_outcomes.REFUSED: CHUNK},
+        "A6-first": {chunk_outcomes.NEVER_STORED: CHUNK},
+        "A7-enospc": {chunk_outcomes.STORE_ENOSPC: CHUNK},
+        "A8-big": {chunk_outcomes.NEVER_STORED: 5 * CHUNK},
+        "A9-evicted": {chunk_outcomes.EVICTED_DISK: 2 * CHUNK},
     })
     printed = _analyze(spans_a, tmp_path / "run-a")
     print(printed)
@@ -239,11 +239,11 @@ def test_every_miss_reason_on_a_disk_tier_then_a_cpu_tier(tmp_path, tmpfs):
     table_b = _ledger(spans_b)
     _print_table("server B (LMCache CPU tier 8 chunks, then the kvscope disk tier)", table_b)
     _check(table_b, {
-        "B1-first": {words.NEVER_STORED: 2 * CHUNK},
+        "B1-first": {chunk_outcomes.NEVER_STORED: 2 * CHUNK},
         "B2-cpu": {"hit:cpu": 2 * CHUNK},
-        "B3-first": {words.NEVER_STORED: 2 * CHUNK},
-        "B4-big": {words.NEVER_STORED: 7 * CHUNK},
-        "B5-cpu-evicted": {words.EVICTED_CPU: 2 * CHUNK},
+        "B3-first": {chunk_outcomes.NEVER_STORED: 2 * CHUNK},
+        "B4-big": {chunk_outcomes.NEVER_STORED: 7 * CHUNK},
+        "B5-cpu-evicted": {chunk_outcomes.EVICTED_CPU: 2 * CHUNK},
         "B6-disk": {"hit:disk": 2 * CHUNK},
     })
     rows = table_b.set_index(["request_id", "chunk_index"])

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from kvscope.contract.env import ENV_SPANS_DIR
 from kvscope.testkit.tracing import free_tcp_port, wait_until
 
 from kvscope.analysis import otlp
@@ -38,7 +39,7 @@ def _adds_up(counts: dict, ended: int) -> bool:
 
 
 def test_file_exporter_writes_one_otlp_json_document_per_batch_with_hex_ids(tmp_path):
-    rt = _runtime({pipeline.ENV_SPANS_DIR: str(tmp_path)})
+    rt = _runtime({ENV_SPANS_DIR: str(tmp_path)})
     spans = _emit(rt, 3)
     rt.pipeline.flush()
     _emit(rt, 2, start_ns=9_000)
@@ -94,7 +95,7 @@ def test_otlp_schedule_delay_is_short_unless_set(otlp_receiver):
 
 def test_endpoint_down_costs_the_caller_nothing_and_every_lost_span_is_counted(tmp_path):
     env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_tcp_port()}",
-           "OTEL_EXPORTER_OTLP_TIMEOUT": "1", pipeline.ENV_SPANS_DIR: str(tmp_path)}
+           "OTEL_EXPORTER_OTLP_TIMEOUT": "1", ENV_SPANS_DIR: str(tmp_path)}
     rt = _runtime(env)
     _emit(rt, 10)
     rt.pipeline.flush()
@@ -144,7 +145,7 @@ def test_a_blocked_exporter_drops_exactly_what_does_not_fit_through_public_api()
 
 
 def test_spans_still_pending_at_shutdown_are_counted_lost_and_it_all_adds_up(tmp_path):
-    rt = _runtime({pipeline.ENV_SPANS_DIR: str(tmp_path)})
+    rt = _runtime({ENV_SPANS_DIR: str(tmp_path)})
     inner = _Blocked()
     inner.shutdown = lambda: None  # stays stuck through shutdown: a dead collector
     processor = pipeline.BoundedProcessor(
@@ -214,7 +215,7 @@ def test_file_exporter_creates_its_directory(tmp_path):
 
 
 def test_stats_carry_the_processes_kvscope_errors(tmp_path):
-    rt = _runtime({pipeline.ENV_SPANS_DIR: str(tmp_path), "OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
+    rt = _runtime({ENV_SPANS_DIR: str(tmp_path), "OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
     failsafe.count("Scheduler.schedule", KeyError("x"))
     rt.pipeline.shutdown()
     summary = summarize_stats(tmp_path, final=True)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscope.contract.env import ENV_CLOCK_OFFSET
+from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope.analysis import load_run
 from kvscope.testkit.synthetic import make_run
 from kvscope.cli import main
@@ -98,7 +98,7 @@ def test_export_commands_write_files_and_refuse_a_run_without_spans(synthetic_ru
 
 def test_async_loading_reads_wait_for_their_request_and_are_bounded(tmp_path, monkeypatch):
     """kvscope.tracer.async_reads: held per lookup id (vLLM's request id) until that request's load."""
-    monkeypatch.setenv(pipeline.ENV_SPANS_DIR, str(tmp_path))
+    monkeypatch.setenv(ENV_SPANS_DIR, str(tmp_path))
     monkeypatch.setenv(ENV_CLOCK_OFFSET, "0")
     monkeypatch.setattr(runtime, "_state", {})  # a runtime of this test's own
     monkeypatch.setattr(async_reads, "LIMIT", 2)

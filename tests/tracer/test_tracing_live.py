@@ -11,7 +11,8 @@ from kvscope.testkit.tracing import assert_children_nest_in_parents, free_tcp_po
 
 from kvscope import analysis
 from kvscope.contract import rundir
-from kvscope.capture.workload.runner import RunOptions, execute
+from kvscope.capture.workload.options import RunOptions
+from kvscope.capture.workload.runner import execute
 from kvscope.contract import semconv
 
 pytestmark = [pytest.mark.live]

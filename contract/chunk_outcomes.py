@@ -1,4 +1,4 @@
-"""The chunk ledger's words: which tier served a looked-up chunk, or why it missed.
+"""What became of each looked-up chunk: which tier served it, or why it missed (the chunk ledger).
 
 The tracer's worker keeps the ledger (kvscope.tracer.ledger) and writes it on the
 SPAN_KV_LEDGER span of each lookup (semconv LEDGER_* keys, one array element per chunk);
@@ -52,7 +52,7 @@ def missed_tokens_column(reason: str) -> str:
     return f"missed_tokens_{reason}"
 
 
-ATTRIBUTION_COLUMNS = (
+TOKEN_COLUMNS = (
     "ledger_chunks", "ledger_tokens",
     *(hit_tokens_column(t) for t in TIERS), *(missed_tokens_column(r) for r in REASONS),
 )

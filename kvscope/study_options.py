@@ -1,0 +1,25 @@
+"""What `kvscope demo` studies, as options: kept apart from the study so that building the CLI's
+parser (its defaults come from here) imports no pandas or vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BASELINE = "kvscope-serial"
+CANDIDATE = "kvscope"
+
+
+@dataclass
+class StudyOptions:
+    out: Path
+    model: str = "qwen2.5-32b"
+    profiles: list[str] = field(default_factory=lambda: [BASELINE, CANDIDATE, "stock"])
+    requests: int = 16
+    concurrency: list[int] = field(default_factory=lambda: [1, 8, 16])
+    prompt_tokens: int = 1024
+    port: int = 8000
+    models_dir: Path | None = None
+    kv_dir_base: Path | None = None  # chunk files go to <base>/kv-<profile or warm group>
+    share_warm: bool = True  # profiles of one chunk format share one warm phase
+    command: list[str] = field(default_factory=list)
