@@ -10,10 +10,11 @@ Usage (in each vLLM process; tracer.vllm_plugin does this when KVSCOPE_TRACING=1
 
 Nothing is imported here: each target is wrapped by a post-import hook when vLLM or LMCache
 import its module (importing LMCache's connector early breaks vLLM's start), or at once if the
-module is already loaded. Only public interfaces are wrapped: vLLM's engine front end
-(AsyncLLM, InputProcessor, OutputProcessor), its scheduler, the KV-connector interface of
-whatever connector vLLM's factory creates (the same calls on both model runners), and
-LMCache's engine and disk backend. Uninstrumenting unwraps every target; hooks that fire later do
+module is already loaded. What is wrapped is listed, public or internal, in
+contract/upstream.py: vLLM's engine front end (AsyncLLM, InputProcessor, OutputProcessor) and
+scheduler (internals), the KV-connector interface of whatever connector vLLM's factory creates
+(public: the same calls on both model runners), LMCache's engine (public) and its storage
+manager, CPU tier and stock disk tier (internals). Uninstrumenting unwraps every target; hooks that fire later do
 nothing until the next `instrument()`. While uninstrumented, no wrapper is installed at all.
 """
 
@@ -29,47 +30,37 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
+from kvscope.contract import upstream
 from kvscope.tracer import failsafe, frontend, ledger, pipeline, scheduler, storage, worker
 from kvscope.tracer.package import _instruments
 
 logger = logging.getLogger(__name__)
-_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
-_OUTPUTS = "vllm.v1.engine.output_processor"
-_TRANSFER_STATE = "vllm.distributed.kv_transfer.kv_transfer_state"
-_DISK = "lmcache.v1.storage_backend.local_disk_backend"
-_STORAGE = "lmcache.v1.storage_backend.storage_manager"
-_CPU = "lmcache.v1.storage_backend.local_cpu_backend"
 
 
 @dataclass(frozen=True)
 class Target:
-    module: str
-    owner: str  # class name in module
-    method: str
+    surface: upstream.Surface  # what is wrapped: module, "Class.method"
     wrapper: Callable[..., Any]
 
 
 TARGETS = (
-    Target("vllm.v1.engine.async_llm", "AsyncLLM", "add_request", frontend.on_add_request),
-    Target("vllm.v1.engine.input_processor", "InputProcessor", "assign_request_id",
-           frontend.on_assign_request_id),
-    Target(_OUTPUTS, "OutputProcessor", "process_outputs", frontend.on_process_outputs),
-    Target(_OUTPUTS, "OutputProcessor", "abort_requests", frontend.on_abort_requests),
-    Target("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", scheduler.on_add_request),
-    Target("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", scheduler.on_schedule),
-    Target("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output",
-           scheduler.on_update_from_output),
-    Target("lmcache.v1.cache_engine", "LMCacheEngine", "store", worker.on_store),
-    Target(_DISK, "LocalDiskBackend", "batched_get_blocking", storage.on_stock_get),
-    Target(_DISK, "LocalDiskBackend", "get_blocking", storage.on_stock_get),
-    Target(_DISK, "LocalDiskBackend", "batched_get_non_blocking",
-           storage.on_stock_get_non_blocking),
-    Target(_DISK, "LocalDiskBackend", "read_file", storage.on_stock_read_file),
+    Target(upstream.ASYNC_LLM_ADD_REQUEST, frontend.on_add_request),
+    Target(upstream.ASSIGN_REQUEST_ID, frontend.on_assign_request_id),
+    Target(upstream.PROCESS_OUTPUTS, frontend.on_process_outputs),
+    Target(upstream.ABORT_REQUESTS, frontend.on_abort_requests),
+    Target(upstream.SCHEDULER_ADD_REQUEST, scheduler.on_add_request),
+    Target(upstream.SCHEDULER_SCHEDULE, scheduler.on_schedule),
+    Target(upstream.SCHEDULER_UPDATE, scheduler.on_update_from_output),
+    Target(upstream.ENGINE_STORE, worker.on_store),
+    Target(upstream.DISK_BATCHED_GET, storage.on_stock_get),
+    Target(upstream.DISK_GET, storage.on_stock_get),
+    Target(upstream.DISK_GET_NON_BLOCKING, storage.on_stock_get_non_blocking),
+    Target(upstream.DISK_READ_FILE, storage.on_stock_read_file),
     # the chunk ledger (tracer/ledger.py): the worker's lookups, stores and CPU evictions
-    Target("lmcache.v1.cache_engine", "LMCacheEngine", "lookup", ledger.on_engine_lookup),
-    Target(_STORAGE, "StorageManager", "batched_contains", ledger.on_batched_contains),
-    Target(_STORAGE, "StorageManager", "batched_put", ledger.on_batched_put),
-    Target(_CPU, "LocalCPUBackend", "remove", ledger.on_cpu_remove),
+    Target(upstream.ENGINE_LOOKUP, ledger.on_engine_lookup),
+    Target(upstream.STORAGE_CONTAINS, ledger.on_batched_contains),
+    Target(upstream.STORAGE_PUT, ledger.on_batched_put),
+    Target(upstream.CPU_REMOVE, ledger.on_cpu_remove),
 )
 
 _hooked: set[str] = set()  # modules with a post-import hook registered in this process
@@ -92,21 +83,21 @@ def wrap(owner: type, method: str, wrapper: Callable[..., Any]) -> None:
 def _on_retrieve(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """kv.load around LMCacheEngine.retrieve; wraps the engine's GPU connector on first use."""
     connector = getattr(instance, "gpu_connector", None)
-    if connector is not None and hasattr(connector, "batched_to_gpu"):
-        wrap(type(connector), "batched_to_gpu", worker.on_to_device)
+    if connector is not None and hasattr(connector, upstream.TO_DEVICE.name):
+        wrap(type(connector), upstream.TO_DEVICE.name, worker.on_to_device)
     return worker.on_retrieve(wrapped, instance, args, kwargs)
 
 
-_RETRIEVE = Target("lmcache.v1.cache_engine", "LMCacheEngine", "retrieve", _on_retrieve)
+_RETRIEVE = Target(upstream.ENGINE_RETRIEVE, _on_retrieve)
 
 # The KV connector interface (KVConnectorBase_V1) both model runners call, by role. Wrapped on
 # the class of whatever connector vLLM creates (LMCacheConnectorV1, MultiConnector, ...), so
 # kvscope needs no change to the user's --kv-transfer-config.
-SCHEDULER_HOOKS = {"get_num_new_matched_tokens": scheduler.on_lookup}
-WORKER_HOOKS = {"bind_connector_metadata": worker.on_bind,
-                "start_load_kv": worker.on_start_load_kv,
-                "finish_forward": worker.on_forward_done,
-                "wait_for_save": worker.on_forward_done}
+SCHEDULER_HOOKS = {upstream.CONNECTOR_LOOKUP.name: scheduler.on_lookup}
+WORKER_HOOKS = {upstream.CONNECTOR_BIND.name: worker.on_bind,
+                upstream.CONNECTOR_START_LOAD.name: worker.on_start_load_kv,
+                upstream.CONNECTOR_FINISH_FORWARD.name: worker.on_forward_done,
+                upstream.CONNECTOR_WAIT_FOR_SAVE.name: worker.on_forward_done}
 
 
 def instrument_connector(connector: Any) -> None:
@@ -125,7 +116,7 @@ def _on_create_connector(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     return connector
 
 
-_CONNECTOR = Target(_FACTORY, "KVConnectorFactory", "create_connector", _on_create_connector)
+_CONNECTOR = Target(upstream.CONNECTOR_FACTORY, _on_create_connector)
 _OWN = (_RETRIEVE, _CONNECTOR)  # targets whose wrappers live here
 
 
@@ -133,13 +124,14 @@ def _apply(module: ModuleType) -> None:
     if not _state["active"]:
         return
     for target in (*TARGETS, *_OWN):
-        if target.module == module.__name__:
-            owner = getattr(module, target.owner, None)
-            if owner is None or not hasattr(owner, target.method):
-                logger.warning("kvscope tracer: %s.%s.%s not found; its span is missing",
-                               target.module, target.owner, target.method)
+        surface = target.surface
+        if surface.module == module.__name__:
+            owner = getattr(module, surface.owner, None)
+            if owner is None or not hasattr(owner, surface.name):
+                logger.warning("kvscope tracer: %s.%s not found; its span is missing",
+                               surface.module, surface.path)
                 continue
-            wrap(owner, target.method, target.wrapper)
+            wrap(owner, surface.name, target.wrapper)
     if module.__name__ == pipeline.DISK_HOOKS:
         module.add_listener(_listener)
         module.add_listener(_ledger_listener)
@@ -153,16 +145,16 @@ class KvscopeInstrumentor(BaseInstrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         _state["active"] = True
-        modules = {t.module for t in (*TARGETS, *_OWN)} | {pipeline.DISK_HOOKS}
+        modules = {t.surface.module for t in (*TARGETS, *_OWN)} | {pipeline.DISK_HOOKS}
         for name in sorted(modules):
             if name in sys.modules:
                 _apply(sys.modules[name])
             if name not in _hooked:
                 _hooked.add(name)
                 wrapt.register_post_import_hook(_apply, name)
-        transfer = sys.modules.get(_TRANSFER_STATE)
-        if transfer is not None and transfer.has_kv_transfer_group():
-            instrument_connector(transfer.get_kv_transfer_group())  # made before instrument()
+        transfer = sys.modules.get(upstream.TRANSFER_GROUP.module)
+        if transfer is not None and upstream.HAS_TRANSFER_GROUP.resolve()():
+            instrument_connector(upstream.TRANSFER_GROUP.resolve()())  # made before instrument()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _state["active"] = False

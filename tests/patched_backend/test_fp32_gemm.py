@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType, SimpleNamespace
 
+import pytest
 import torch
 
 from kvscope.contract.env import ENV_FP32_GEMM
 from kvscope.patched_backend.vllm_cpu import fp32_gemm
+
+
+@pytest.fixture(autouse=True)
+def _armed(monkeypatch):
+    """The server asked for fp32 GEMMs (the post-import hook is called by hand here)."""
+    monkeypatch.setenv(ENV_FP32_GEMM, "1")
+    monkeypatch.setattr(fp32_gemm.wrapt, "register_post_import_hook", lambda hook, name: None)
+    fp32_gemm.register()
+    yield
+    fp32_gemm.unregister()
 
 
 def _dispatch_module() -> tuple[ModuleType, list]:
@@ -57,6 +69,7 @@ def test_the_hook_is_armed_only_when_the_server_asks(monkeypatch):
     armed: list = []
     monkeypatch.setattr(fp32_gemm.wrapt, "register_post_import_hook",
                         lambda hook, name: armed.append(name))
+    fp32_gemm.unregister()
     monkeypatch.delenv(ENV_FP32_GEMM, raising=False)
     fp32_gemm.register()
     assert armed == []
@@ -71,3 +84,14 @@ def test_wrapping_twice_keeps_one_wrapper():
     fp32_gemm._wrap_dispatch(module)
     assert module.dispatch_cpu_unquantized_gemm is once
 
+
+
+def test_unregister_gives_vllm_its_dispatch_back(monkeypatch):
+    module, calls = _dispatch_module()
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.utils", module)
+    fp32_gemm.unregister()
+    layer = _layer(torch.bfloat16)
+    module.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert calls == [layer]
+    fp32_gemm._wrap_dispatch(module)  # a hook firing after unregister wraps nothing
+    assert not isinstance(module.dispatch_cpu_unquantized_gemm, fp32_gemm.wrapt.ObjectProxy)
