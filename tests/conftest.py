@@ -93,3 +93,24 @@ def shared_tmp():
     shared.chmod(0o1777)
     yield shared
     shutil.rmtree(base, ignore_errors=True)
+
+
+_seconds_by_room: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each test phase's time to its room (tests/<room>/...), for the closing table."""
+    parts = Path(report.nodeid.split("::")[0]).parts
+    room = parts[1] if len(parts) > 2 else "(top)"
+    _seconds_by_room[room] = _seconds_by_room.get(room, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The suite's time by room, so CI's budget (45 min on a slow machine) is watched where it
+    goes."""
+    if not _seconds_by_room:
+        return
+    terminalreporter.section("time by room")
+    for room, seconds in sorted(_seconds_by_room.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{room:<16} {seconds / 60:6.1f} min")
+    terminalreporter.write_line(f"{'total':<16} {sum(_seconds_by_room.values()) / 60:6.1f} min")
