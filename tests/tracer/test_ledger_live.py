@@ -144,15 +144,16 @@ def _check(table: pd.DataFrame, expected: dict[str, dict[str, int]]) -> None:
         assert dict(got.get(rid, {})) == want, (rid, dict(got.get(rid, {})), want)
 
 
-def test_every_miss_reason_on_a_disk_tier_then_a_cpu_tier(tmp_path, tmpfs):
-    tmpfs = tmpfs("4m")  # both KV directories (room for ~15 chunk files), filled on demand
+def test_every_miss_reason_of_the_disk_tier(tmp_path, tmpfs):
+    """Server A, the kvscope disk tier alone (capacity 5 chunk files): never stored, disk hits,
+    diverged, refused, ENOSPC, evicted by capacity."""
+    tmpfs = tmpfs("4m")  # the KV directory (room for ~15 chunk files), filled on demand
     a_prompts = tiny_prompts(6, 2 * CHUNK + TAIL, seed=120)
     p1, other, p3, p4 = a_prompts[0], a_prompts[1], a_prompts[2], a_prompts[3]
     p2 = p1[:CHUNK] + other[CHUNK:]  # shares the first chunk only
     p3, p4 = p3[CHUNK:], p4[CHUNK:]  # one full chunk + the tail each
     p5 = tiny_prompts(1, 5 * CHUNK + TAIL, seed=121)[0]
 
-    # --- server A: the disk tier alone ------------------------------------------------------
     kv_a, spans_a = tmpfs / "a", tmp_path / "spans-a"
     env_a = {"KVSCOPE_TRACING": "1", "KVSCOPE_SPANS_DIR": str(spans_a)}
     with user_server(tmp_path / "A", env=env_a, profile=_profile("ledger-a", kv_a, 5)) as server:
@@ -213,8 +214,11 @@ def test_every_miss_reason_on_a_disk_tier_then_a_cpu_tier(tmp_path, tmpfs):
     assert evicted["detail"] == f"capacity {5 * FILE} bytes"
     assert evicted["fact_ns"] > evicted["stored_ns"] > 0
 
-    # --- server B: LMCache's CPU tier, then the disk tier (room for all its chunks) ----------
-    shutil.rmtree(kv_a)
+
+def test_cpu_tier_hits_and_evictions_before_the_disk_tier(tmp_path, tmpfs):
+    """Server B, LMCache's CPU tier (8 chunks) then the kvscope disk tier: CPU hits, evicted
+    from the CPU tier with no disk copy (its disk writes failed), disk hits."""
+    tmpfs = tmpfs("4m")
     q1, q2 = tiny_prompts(2, 2 * CHUNK + TAIL, seed=130)
     q3 = tiny_prompts(1, 7 * CHUNK + TAIL, seed=131)[0]
     kv_b, spans_b = tmpfs / "b", tmp_path / "spans-b"
