@@ -64,6 +64,11 @@ def hex_id(raw: bytes) -> str:
     return raw.hex()
 
 
+def hex_of(number: int, size: int) -> str:
+    """An id the OpenTelemetry API holds as an int, as OTLP/JSON writes one of `size` bytes."""
+    return f"{number:0{2 * size}x}"
+
+
 def id_bytes(text: Any, size: int, field: str) -> bytes:
     """An id written as hex (either case) or as protobuf JSON's base64, as its `size` bytes;
     absent or "" is b"". OtlpJsonError names `field` otherwise."""

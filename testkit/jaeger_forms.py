@@ -88,10 +88,10 @@ def _ui_span(span: trace_pb2.Span, scope: common_pb2.InstrumentationScope,
     references = []
     if span.parent_span_id:
         references.append({"refType": "CHILD_OF", "traceID": _trace_id(span.trace_id),
-                           "spanID": span.parent_span_id.hex()})
+                           "spanID": otlp_json.hex_id(span.parent_span_id)})
     for link in span.links:
         references.append({"refType": "FOLLOWS_FROM", "traceID": _trace_id(link.trace_id),
-                           "spanID": link.span_id.hex()})
+                           "spanID": otlp_json.hex_id(link.span_id)})
     tags = [_string_tag(k, v) for k, v in (("otel.scope.name", scope.name),
                                           ("otel.scope.version", scope.version)) if v]
     tags += [_tag(a.key, a.value) for a in span.attributes]
@@ -106,7 +106,7 @@ def _ui_span(span: trace_pb2.Span, scope: common_pb2.InstrumentationScope,
     if span.trace_state:
         tags.append(_string_tag("w3c.tracestate", span.trace_state))
     return {
-        "traceID": _trace_id(span.trace_id), "spanID": span.span_id.hex(),
+        "traceID": _trace_id(span.trace_id), "spanID": otlp_json.hex_id(span.span_id),
         "operationName": span.name, "references": references,
         "startTime": micros(span.start_time_unix_nano),
         "duration": micros(span.end_time_unix_nano - span.start_time_unix_nano),
@@ -147,7 +147,7 @@ def _string_tag(key: str, text: str) -> dict[str, Any]:
 
 def _trace_id(raw: bytes) -> str:
     """Jaeger's TraceID.String(): 16 hex characters when the high 64 bits are zero."""
-    return raw[8:].hex() if not any(raw[:8]) else raw.hex()
+    return otlp_json.hex_id(raw[8:] if not any(raw[:8]) else raw)
 
 
 # --- /api/v3/traces over Jaeger's model ---------------------------------------------------------

@@ -29,6 +29,7 @@ from kvscope.contract import files, otlp_json
 _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4,
          SpanKind.CONSUMER: 5}  # OTLP's Span.SpanKind numbers
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # OTLP's SpanFlags
+TRACE, SPAN = otlp_json.TRACE_ID_BYTES, otlp_json.SPAN_ID_BYTES
 
 
 def span_file(spans: Sequence[ReadableSpan]) -> str:
@@ -60,12 +61,12 @@ def _scope(scope: Any) -> dict[str, Any]:
 
 def _span(span: ReadableSpan) -> dict[str, Any]:
     context = span.get_span_context()
-    out: dict[str, Any] = {"traceId": f"{context.trace_id:032x}",
-                           "spanId": f"{context.span_id:016x}"}
+    out: dict[str, Any] = {"traceId": otlp_json.hex_of(context.trace_id, TRACE),
+                           "spanId": otlp_json.hex_of(context.span_id, SPAN)}
     if context.trace_state:
         out["traceState"] = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
     if span.parent is not None:
-        out["parentSpanId"] = f"{span.parent.span_id:016x}"
+        out["parentSpanId"] = otlp_json.hex_of(span.parent.span_id, SPAN)
     out.update(name=span.name, kind=_KIND[span.kind], startTimeUnixNano=str(span.start_time),
                endTimeUnixNano=str(span.end_time))
     if span.attributes:
@@ -75,8 +76,8 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
                           **({"attributes": otlp_json.json_attributes(e.attributes)}
                              if e.attributes else {})} for e in span.events]
     if span.links:
-        out["links"] = [{"traceId": f"{link.context.trace_id:032x}",
-                         "spanId": f"{link.context.span_id:016x}",
+        out["links"] = [{"traceId": otlp_json.hex_of(link.context.trace_id, TRACE),
+                         "spanId": otlp_json.hex_of(link.context.span_id, SPAN),
                          **({"attributes": otlp_json.json_attributes(link.attributes)}
                             if link.attributes else {}),
                          "flags": _flags(link.context)} for link in span.links]
