@@ -6,6 +6,9 @@ server-side: the span's start (the API server's add_request) to its first token,
 start plus its `gen_ai.latency.time_to_first_token`. Both are integers of the tracer's
 monotonic-ns stamps, so the components still sum to the window exactly. Requests with a client
 row keep it (the client's window is what the user waited for); `window` says which one a row has.
+A row's phase, concurrency and prompt index come from kvscope's client span in the same trace
+when there is one (an imported `kvscope run`), else the phase is the manifest's phase around
+the request's arrival.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ def with_server_requests(requests: pd.DataFrame, spans: pd.DataFrame,
 def _rows(servers: pd.DataFrame, spans: pd.DataFrame, phases: list[dict[str, Any]]
           ) -> pd.DataFrame:
     attrs = servers["attributes"]
+    clients = spans[spans["name"] == semconv.SPAN_CLIENT_REQUEST]
+    client_of = dict(zip(clients["trace_id"], clients["attributes"]))
+    workload = [client_of.get(t, {}) for t in servers["trace_id"]]
     ttft_ns = np.array([round(float(a.get(semconv.GEN_AI_TTFT, -1.0)) * 1e9) for a in attrs],
                        dtype=np.int64)
     arrival = servers["start_ns"].to_numpy(np.int64)
@@ -49,8 +55,10 @@ def _rows(servers: pd.DataFrame, spans: pd.DataFrame, phases: list[dict[str, Any
     first = np.where(served, arrival + ttft_ns, 0)
     return pd.DataFrame({
         "request_id": servers["request_id"].astype(str).to_numpy(),
-        "phase": [_phase_of(t, phases) for t in arrival],
-        "concurrency": UNKNOWN, "prompt_index": UNKNOWN,
+        "phase": [str(w.get(semconv.PHASE) or _phase_of(t, phases))
+                  for w, t in zip(workload, arrival)],
+        "concurrency": [int(w.get(semconv.CONCURRENCY, UNKNOWN)) for w in workload],
+        "prompt_index": [int(w.get(semconv.PROMPT_INDEX, UNKNOWN)) for w in workload],
         "trace_id": servers["trace_id"].to_numpy(),
         "prompt_tokens": [int(a.get(semconv.GEN_AI_PROMPT_TOKENS, 0)) for a in attrs],
         "cached_tokens": _loaded_tokens(spans, servers["request_id"]),

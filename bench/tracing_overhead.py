@@ -1,11 +1,13 @@
-"""Benchmark: TTFT median with tracing on, sampled at 1 %, and next to vLLM's own tracing, vs off.
+"""Benchmark: TTFT and serving CPU with tracing on, sampled at 1 %, and next to vLLM's own
+tracing, vs off.
 
     .venv/bin/python bench/tracing_overhead.py [--repeats 2] [--requests 48] [--phases warm,cold]
         [--variants off,on,on-1pct,on-vllm-otlp]
 
 Runs the same `kvscope run` workload (tiny twin by default, stock backend, probes off) once per
-variant in turn, `--repeats` rounds, so slow drift of the shared machine hits every variant
-alike:
+variant per round, `--repeats` rounds, the order reversed every other round (ABBA: off, on, on,
+off, ...), so a drift of the shared machine within a round weighs on every variant alike
+instead of always on the last one:
 - `off`: `--no-tracing`;
 - `on`: kvscope's tracing (every request sampled);
 - `on-1pct`: kvscope's tracing with OTEL_TRACES_SAMPLER=parentbased_traceidratio,
@@ -13,8 +15,12 @@ alike:
 - `on-vllm-otlp`: kvscope's tracing plus vLLM's own (`--otlp-traces-endpoint` to an OTLP/gRPC
   receiver in this process).
 Prints per phase and variant the pooled TTFT median and p90, the ratio of the medians to `off`,
-the best-run ratio, and the spans written per request. `cold` needs root (it drops the page
-cache).
+the best-run ratio, and the spans written per request; then the steadier figure: the CPU time
+(user + system, every thread) the server's processes used during each phase, per request, and
+for the traced variants the CPU per span, (CPU per request - off's in the same round) / spans
+per request, as the median and range over the rounds. TTFT on a shared machine mostly measures
+the other work; CPU time does not count the time spent waiting for a core. `cold` needs root
+(it drops the page cache).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
+import psutil
 
 from kvscope import analysis
 from kvscope.contract import rundir
@@ -71,7 +78,34 @@ def _variant(name: str, vllm_endpoint: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _execute(out: Path, tracing: bool, args: argparse.Namespace, attempts: int = 3) -> Path:
+class ServingCpu:
+    """A phase observer: CPU seconds the server's processes used during each phase (its stop
+    runs after the tracer's, which waits until every span of the phase is exported)."""
+
+    def __init__(self) -> None:
+        self.by_phase: dict[str, float] = {}
+        self._phase, self._pids, self._start = "", [], 0.0
+
+    def start_phase(self, run: Path, phase: str, server) -> None:
+        self._phase, self._pids = phase, server.pids()
+        self._start = self._cpu()
+
+    def stop_phase(self) -> None:
+        self.by_phase[self._phase] = self._cpu() - self._start
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for pid in self._pids:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+
+def _execute(out: Path, tracing: bool, args: argparse.Namespace, cpu: ServingCpu,
+             attempts: int = 3) -> Path:
     """One run; a port taken between choosing and binding it (shared machine) is retried."""
     for attempt in range(attempts):
         target = out.with_name(f"{out.name}-{attempt}")
@@ -80,23 +114,28 @@ def _execute(out: Path, tracing: bool, args: argparse.Namespace, attempts: int =
                           phases=args.phases.split(","), kv_dir=out.with_name(out.name + "-kv"),
                           port=_free_port(), probes=False, tracing=tracing)
         try:
-            return execute(opts)
+            return execute(opts, observers=[cpu])
         except ServerError as e:
             if "Address already in use" not in str(e) or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _one(out: Path, variant: str, args: argparse.Namespace, vllm_endpoint: str) -> pd.DataFrame:
+def _one(out: Path, variant: str, args: argparse.Namespace, vllm_endpoint: str,
+         round_no: int) -> pd.DataFrame:
     tracing = variant != "off"
+    cpu = ServingCpu()
     with _variant(variant, vllm_endpoint):
-        run = _execute(out, tracing, args)
+        run = _execute(out, tracing, args, cpu)
     requests = rundir.read_table(run, "requests")
     failed = int((requests["status"] != "ok").sum())
     if failed:
         raise SystemExit(f"{failed} requests failed in {run}; see {run / 'server.log'}")
     requests["variant"] = variant
     requests["run"] = out.name
+    requests["round"] = round_no
+    requests["serving_cpu_s"] = requests["phase"].map(cpu.by_phase)
+    requests["spans"] = 0.0
     if tracing:
         spans = analysis.load_run(run).spans
         counts = spans.groupby("request_id").size() if len(spans) else pd.Series(dtype=int)
@@ -122,6 +161,27 @@ def _report(table: pd.DataFrame, variants: list[str]) -> None:
     runs = table.groupby(["phase", "run"], sort=False)["ttft_s"].median() * 1e3
     print("per-run TTFT medians (ms), in run order:",
           ", ".join(f"{phase}/{run} {ms:.1f}" for (phase, run), ms in runs.items()))
+    _report_cpu(table, variants)
+
+
+def _report_cpu(table: pd.DataFrame, variants: list[str]) -> None:
+    """Serving CPU per request per variant, and per span against `off` of the same round."""
+    per_run = table.groupby(["phase", "variant", "round"]).agg(
+        cpu_s=("serving_cpu_s", "first"), requests=("request_id", "size"),
+        spans=("spans", "mean"))
+    per_run["cpu_per_request_ms"] = per_run["cpu_s"] / per_run["requests"] * 1e3
+    for phase in table["phase"].unique():
+        off = per_run.loc[(phase, "off")]["cpu_per_request_ms"]
+        for variant in variants:
+            own = per_run.loc[(phase, variant)]
+            cpu = own["cpu_per_request_ms"]
+            line = (f"{phase:>5} {variant:>13}: serving CPU {cpu.median():7.2f} ms/request "
+                    f"(rounds {', '.join(f'{v:.2f}' for v in cpu)})")
+            if variant != "off" and own["spans"].min() >= 1:
+                per_span = (own["cpu_per_request_ms"] - off) / own["spans"] * 1e3
+                line += (f"   CPU per span {per_span.median():7.1f} us (rounds "
+                         f"{', '.join(f'{v:.1f}' for v in per_span)})")
+            print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,20 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or "off" not in variants:
         p.error(f"--variants: {unknown} unknown; choose from {', '.join(VARIANTS)} with off")
     frames = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
         collected = Path(tmp) / "collector"  # a real OTLP/gRPC receiver (kvscope record's)
         listener = OtlpListener("127.0.0.1:0", collected)
         try:
             for i in range(args.repeats):
-                for variant in variants:
+                for variant in variants if i % 2 == 0 else variants[::-1]:
                     frames.append(_one(Path(tmp) / f"r{i}-{variant}", variant, args,
-                                       f"http://127.0.0.1:{listener.port}"))
+                                       f"http://127.0.0.1:{listener.port}", i))
         finally:
             listener.stop()
         received, _ = read_span_files(sorted(collected.glob("*.json")), 0)
+    load_after = os.getloadavg()
     print(f"{args.model} twin, concurrency {args.concurrency}, {args.requests} requests per "
-          f"phase, {args.repeats} runs per variant, in turn; vLLM's own llm_request spans "
-          f"received: {int((received['name'] == 'llm_request').sum())}")
+          f"phase, {args.repeats} runs per variant, order reversed every other round (ABBA); "
+          f"vLLM's own llm_request spans received: "
+          f"{int((received['name'] == 'llm_request').sum())}; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
     _report(pd.concat(frames, ignore_index=True), variants)
     return 0
 

@@ -1,10 +1,17 @@
 """Span names and attribute keys: defined once, shared by the tracer (writes) and every reader.
 
 `gen_ai.*` keys are the ones vLLM and the GenAI semantic conventions already use; everything of
-our own lives under `kvscope.`, lower_snake, with the unit in the name.
-Spans are stored as OTLP JSON in RUN/spans/ (rundir.SPANS_DIR); readers turn them into one
-frame of SPAN_COLUMNS (analysis.otlp), which analysis also writes as spans.parquet.
+our own lives under `kvscope.`, lower_snake, with the unit in the name. ATTRIBUTE_TYPES says
+what type of value each key carries: backends that store spans in a form of their own (Jaeger
+keeps an array as its JSON text) give it back otherwise, and contract.otlp_json restores it.
+Spans are stored as OTLP JSON in RUN/spans/ (rundir.SPANS_DIR, format contract.otlp_json);
+readers turn them into one frame of SPAN_COLUMNS (analysis.otlp), which analysis also writes
+as spans.parquet.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 # Span names, from the client's request down to the device read.
 SPAN_CLIENT_REQUEST = "kvscope.client.request"  # root: client send -> last token (client clock)
@@ -62,6 +69,38 @@ LEDGER_FACT_NS = "kvscope.ledger.fact_ns"  # [int] monotonic ns of the fact (evi
 LEDGER_STORED_NS = "kvscope.ledger.stored_ns"  # [int] when the chunk was stored, -1
 LEDGER_DIVERGED_AT = "kvscope.ledger.diverged_at"  # [int] token where the prefix diverged, -1
 LEDGER_DROPPED = "kvscope.ledger.dropped"  # ledger records this process dropped so far (bound)
+
+# The resource keys (OpenTelemetry's) that name the process a span came from.
+SERVICE_NAME = "service.name"
+PROCESS_PID = "process.pid"
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """An attribute's value type: a scalar (str, int, float, bool) or an array of one."""
+
+    scalar: type
+    array: bool = False
+
+
+STRING, INT, DOUBLE, BOOL = ValueType(str), ValueType(int), ValueType(float), ValueType(bool)
+STRING_ARRAY, INT_ARRAY = ValueType(str, array=True), ValueType(int, array=True)
+
+# The type of every key above, as the tracer writes it.
+ATTRIBUTE_TYPES: dict[str, ValueType] = {
+    GEN_AI_REQUEST_ID: STRING, GEN_AI_PROMPT_TOKENS: INT, GEN_AI_TTFT: DOUBLE,
+    GEN_AI_TIME_IN_QUEUE: DOUBLE, GEN_AI_COMPLETION_TOKENS: INT, ERROR_TYPE: STRING,
+    REQUEST_ID: STRING, VLLM_REQUEST_ID: STRING, PHASE: STRING, PROMPT_INDEX: INT,
+    CONCURRENCY: INT, CACHED_TOKENS: INT, HIT_TOKENS: INT, READ_BYTES: INT, READ_CHUNKS: INT,
+    READ_SUBREADS: INT, READ_BACKEND: STRING, READ_DEVICE: STRING, READ_INFLIGHT_AT_SUBMIT: INT,
+    READER_TIDS: INT_ARRAY, READ_FAILED_CHUNKS: INT, READ_AHEAD: BOOL, TRANSFER_BYTES: INT,
+    TRANSFER_KIND: STRING, PREFILL_TOKENS: INT, VLLM_CACHED_TOKENS: INT,
+    LEDGER_START: INT_ARRAY, LEDGER_END: INT_ARRAY, LEDGER_KEY: STRING_ARRAY,
+    LEDGER_TIER: STRING_ARRAY, LEDGER_REASON: STRING_ARRAY, LEDGER_DETAIL: STRING_ARRAY,
+    LEDGER_FACT_NS: INT_ARRAY, LEDGER_STORED_NS: INT_ARRAY, LEDGER_DIVERGED_AT: INT_ARRAY,
+    LEDGER_DROPPED: INT,
+    SERVICE_NAME: STRING, PROCESS_PID: INT,
+}
 
 # The columns of a run's spans as readers hold them (and as spans.parquet stores them):
 # times are the run's monotonic ns, `attributes` a dict (JSON text in spans.parquet),

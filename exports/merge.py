@@ -3,23 +3,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
-from kvscope.contract import rundir
+from kvscope.contract import otlp_json, rundir
 
 
-def merged_otlp(run: Path) -> dict[str, Any]:
-    """One ExportTraceServiceRequest holding every resourceSpans of RUN/spans/*.json."""
+def merged_otlp(run: Path) -> otlp_json.Request:
+    """One ExportTraceServiceRequest holding every resourceSpans of RUN/spans/*.json (read and
+    written through contract.otlp_json, so a run from an older kvscope comes out spec-exact)."""
     files = sorted((Path(run) / rundir.SPANS_DIR).glob("*.json"))
     if not files:
         raise ValueError(f"{Path(run) / rundir.SPANS_DIR} has no span files; run with "
                          "tracing on (kvscope run --tracing, the default)")
-    resource_spans: list[Any] = []
+    merged = otlp_json.Request()
     for path in files:
         try:
-            resource_spans += json.loads(path.read_text()).get("resourceSpans", [])
-        except (ValueError, AttributeError) as e:
-            raise ValueError(f"{path} is not an OTLP JSON document ({e}); remove or fix it") from e
-    return {"resourceSpans": resource_spans}
+            merged.MergeFrom(otlp_json.loads(path.read_bytes()))
+        except otlp_json.OtlpJsonError as e:
+            raise ValueError(f"{path} is not an OTLP JSON document ({e}); remove or fix it") \
+                from None
+    return merged

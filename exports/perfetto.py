@@ -4,8 +4,13 @@
 One process per request (named by its request id). Complete (`X`) events must nest on a
 thread, so each request's spans are laid on as few thread lanes as keep them nested; storage
 reads, which overlap each other, are async (`b`/`e`) events instead. A counter track in
-process 0 shows reads and bytes in flight across the run. Times are the run's monotonic clock
-in µs, the same base as the probes' tables.
+process 0 shows reads and bytes in flight across the run.
+
+Times are µs (the format's unit) since the run's first span, with three decimals: exact to the
+nanosecond, so a child that ends within its parent still does in the viewer (absolute epoch or
+monotonic µs as a double keep only about 0.25 µs, and an imported run's kv.transfer then ended
+after its kv.load). `otherData.time_zero_ns` is that first span's start on the run's clock
+(the probes' tables' clock), to line the trace up with them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ def chrome_trace(spans: pd.DataFrame) -> dict[str, Any]:
     """`{"traceEvents": [...]}` for a spans frame from analysis.load_run (monotonic ns)."""
     if spans.empty:
         raise ValueError("the run has no spans to export (was tracing on? see RUN/spans/)")
+    zero = int(spans["start_ns"].min())
+    spans = spans.assign(start_ns=spans["start_ns"] - zero, end_ns=spans["end_ns"] - zero)
     events: list[dict[str, Any]] = [_meta(COUNTER_PID, 0, "process_name", "kvscope")]
     order = spans.groupby("request_id")["start_ns"].min().sort_values().index
     for pid, request_id in enumerate(order, start=1):
@@ -32,7 +39,15 @@ def chrome_trace(spans: pd.DataFrame) -> dict[str, Any]:
         events += _lane_events(pid, own[~is_read])
         events += _async_events(pid, own[is_read])
     events += _inflight_counter(spans[spans["name"] == semconv.SPAN_STORAGE_READ])
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"time_zero_ns": zero}}
+
+
+def micros(ns: int) -> float:
+    """`ns` (since time zero) as the format's µs: the double nearest to the exact decimal,
+    which a reader rounding µs x 1000 to whole ns (Perfetto does) turns back into `ns` for
+    any run shorter than about a day."""
+    return int(ns) / 1000
 
 
 def assign_lanes(starts: list[int], ends: list[int]) -> list[int]:
@@ -60,7 +75,7 @@ def _lane_events(pid: int, spans: pd.DataFrame) -> list[dict[str, Any]]:
               for lane in sorted(set(lanes))]
     for lane, row in zip(lanes, spans.itertuples(index=False)):
         events.append({"name": row.name, "cat": "span", "ph": "X", "pid": pid, "tid": lane + 1,
-                       "ts": row.start_ns / 1e3, "dur": (row.end_ns - row.start_ns) / 1e3,
+                       "ts": micros(row.start_ns), "dur": micros(row.end_ns - row.start_ns),
                        "args": _args(row)})
     return events
 
@@ -70,8 +85,8 @@ def _async_events(pid: int, reads: pd.DataFrame) -> list[dict[str, Any]]:
     for row in reads.itertuples(index=False):
         common = {"name": row.name, "cat": "storage", "id": f"0x{row.span_id}", "pid": pid,
                   "tid": 0}
-        events.append({**common, "ph": "b", "ts": row.start_ns / 1e3, "args": _args(row)})
-        events.append({**common, "ph": "e", "ts": row.end_ns / 1e3})
+        events.append({**common, "ph": "b", "ts": micros(row.start_ns), "args": _args(row)})
+        events.append({**common, "ph": "e", "ts": micros(row.end_ns)})
     return events
 
 
@@ -85,7 +100,7 @@ def _inflight_counter(reads: pd.DataFrame) -> list[dict[str, Any]]:
     for ts, step, delta in changes:
         count, inflight = count + step, inflight + delta
         events.append({"name": "storage reads in flight", "ph": "C", "pid": COUNTER_PID,
-                       "ts": ts / 1e3, "args": {"reads": count, "bytes": inflight}})
+                       "ts": micros(ts), "args": {"reads": count, "bytes": inflight}})
     return events
 
 

@@ -8,7 +8,6 @@ requests); the tests' runs have a few thousand.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from kvscope.contract import rundir, semconv
-from kvscope.tracer.fileexport import otlp_json_document
+from kvscope.tracer.fileexport import span_file
 
 OFFSET_NS = 1_700_000_000 * 10**9 - 50_000 * 10**9  # epoch = monotonic + this
 KV_BYTES_PER_TOKEN = 262_144  # Qwen2.5-32B, bf16
@@ -173,9 +172,8 @@ def _write_spans(path: Path, spans: pd.DataFrame, per_file: int) -> None:
     file exporter encodes its batches (SDK spans -> ExportTraceServiceRequest -> hex-id JSON)."""
     sdk_spans = _sdk_spans(spans)
     for number, first in enumerate(range(0, max(len(sdk_spans), 1), per_file)):
-        document = otlp_json_document(sdk_spans[first:first + per_file])
         (path / rundir.SPANS_DIR / f"synthetic-{number:04d}.json").write_text(
-            json.dumps(document, separators=(",", ":")))
+            span_file(sdk_spans[first:first + per_file]))
 
 
 def _sdk_spans(spans: pd.DataFrame) -> list[ReadableSpan]:

@@ -8,7 +8,6 @@ one OTLP JSON file (the run directory's span format), written to a temporary nam
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -16,8 +15,7 @@ from pathlib import Path
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from kvscope.contract import files
-from kvscope.tracer.fileexport import otlp_json
+from kvscope.contract import files, otlp_json
 
 
 class SpanFileReceiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -34,8 +32,7 @@ class SpanFileReceiver(trace_service_pb2_grpc.TraceServiceServicer):
             name = f"otlp-{next(self._numbers):06d}.json"
             self.spans += sum(len(ss.spans) for rs in request.resource_spans
                               for ss in rs.scope_spans)
-        files.atomic_write(self.directory / name,
-                           json.dumps(otlp_json(request), separators=(",", ":")))
+        files.atomic_write(self.directory / name, otlp_json.dumps(request))
         return trace_service_pb2.ExportTraceServiceResponse()
 
 

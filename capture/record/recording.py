@@ -13,16 +13,14 @@ import getpass
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from kvscope.contract import host, rundir
+from kvscope.contract import host, manifest, rundir
 from kvscope.contract.clock import measure_offset
 from kvscope.capture.record.otlp_receiver import OtlpListener
 from kvscope.capture.record.server_processes import ServingProcesses, lmcache_disk_paths
@@ -106,22 +104,15 @@ def record(server: ServingProcesses, opts: RecordOptions, stop: threading.Event,
 
 def _manifest(server: ServingProcesses, opts: RecordOptions, kv_dirs: list[Path],
               devices: list[str]) -> dict[str, Any]:
-    clock = measure_offset()
-    return {
-        "run_id": opts.out.resolve().name,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": ["kvscope", *sys.argv[1:]],
-        "model": _model(opts.url),
-        "backend": {"kv_dirs": [str(p) for p in kv_dirs],
-                    "lmcache_config_file": server.environ.get("LMCACHE_CONFIG_FILE", "")},
-        "server": {"url": opts.url, "api_pid": server.api_pid, "pids": list(server.pids),
-                   "cmdline": list(server.cmdline), "started_by": "user"},
-        "workload": {"recorded": True, "phases": [PHASE]},
-        "machine": host.machine(",".join(devices), user=getpass.getuser()),
-        "versions": host.versions(),
-        "clock": {"offset_ns": clock.offset_ns, "uncertainty_ns": clock.uncertainty_ns},
-        "phases": [],
-    }
+    return manifest.new(
+        opts.out, clock=measure_offset(),
+        machine=host.machine(",".join(devices), user=getpass.getuser()),
+        model=_model(opts.url),
+        backend={"kv_dirs": [str(p) for p in kv_dirs],
+                 "lmcache_config_file": server.environ.get("LMCACHE_CONFIG_FILE", "")},
+        server={"url": opts.url, "api_pid": server.api_pid, "pids": list(server.pids),
+                "cmdline": list(server.cmdline), "started_by": "user"},
+        workload={"recorded": True, "phases": [PHASE]})
 
 
 def _model(url: str) -> dict[str, Any]:

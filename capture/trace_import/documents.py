@@ -2,33 +2,31 @@
 
 Accepted: an OTLP JSON document (`{"resourceSpans": ...}`, as the OpenTelemetry SDK and
 kvscope's own span files write it); OTLP JSON lines (one document a line, the OpenTelemetry
-Collector's file exporter); Jaeger's JSON (a trace from the UI's download, or `{"data": [...]}`
-from `/api/traces`); and the answers of Jaeger's OTLP query API (`{"result": {"resourceSpans"}}`,
-possibly several objects in a row). Every problem names the file and what was expected.
+Collector's file exporter); Jaeger's JSON (a trace from the UI's download, a top-level array of
+them, or `{"data": [...]}` from `/api/traces`); and the answers of Jaeger's OTLP query API
+(`{"result": {"resourceSpans"}}`, possibly several objects in a row). OTLP is read by
+contract.otlp_json, Jaeger's form by `jaeger`; both restore kvscope's attribute types. Every
+problem is one line naming the file and the field.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from google.protobuf import json_format
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
 from kvscope.capture.trace_import import jaeger
+from kvscope.contract import otlp_json
 
 EXPECTED = ("OTLP JSON, OTLP JSON lines (the Collector's file exporter), Jaeger JSON (UI "
             "download or /api/traces) or a Jaeger /api/v3/traces answer")
-_ID_LENGTHS = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
 
 
 class TraceImportError(ValueError):
     """A trace file or answer kvscope cannot import; the message names it and says why."""
 
 
-def read(path: Path) -> list[trace_service_pb2.ExportTraceServiceRequest]:
+def read(path: Path) -> list[otlp_json.Request]:
     """Every trace document in `path` (a file, or a directory of them) as OTLP messages."""
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     if not files:
@@ -36,9 +34,16 @@ def read(path: Path) -> list[trace_service_pb2.ExportTraceServiceRequest]:
     return [message for file in files for message in read_text(_text(file), str(file))]
 
 
-def read_text(text: str, source: str) -> list[trace_service_pb2.ExportTraceServiceRequest]:
+def read_text(text: str, source: str) -> list[otlp_json.Request]:
     """The trace documents in `text` (from `source`, named in errors)."""
-    return [_message(document, source) for document in _documents(text, source)]
+    messages = []
+    for number, document in enumerate(_documents(text, source)):
+        where = source if number == 0 else f"{source} (document {number + 1})"
+        try:
+            messages.append(_message(document, where))
+        except (otlp_json.OtlpJsonError, jaeger.JaegerError) as e:
+            raise TraceImportError(f"{where}: {e}") from None
+    return messages
 
 
 def _text(file: Path) -> str:
@@ -64,49 +69,44 @@ def _documents(text: str, source: str) -> Iterator[Any]:
             line = text.count("\n", 0, e.pos) + 1
             raise TraceImportError(f"{source}: not valid JSON at line {line} ({e.msg}; "
                                    f"truncated?); expected {EXPECTED}") from None
+        except RecursionError:
+            raise TraceImportError(f"{source}: JSON nested too deeply to be a trace "
+                                   "document") from None
         found = True
         yield document
     if not found:
         raise TraceImportError(f"{source}: empty; expected {EXPECTED}")
 
 
-def _message(document: Any, source: str) -> trace_service_pb2.ExportTraceServiceRequest:
-    if isinstance(document, dict) and isinstance(document.get("result"), dict):
+def _message(document: Any, source: str) -> otlp_json.Request:
+    if isinstance(document, dict) and (isinstance(document.get("error"), dict) or (
+            document.get("errors") and not document.get("data"))):
+        raise TraceImportError(f"{source}: an error answer, not traces: "
+                               f"{backend_error(document)}")
+    if isinstance(document, dict) and "result" in document:
         document = document["result"]  # Jaeger's /api/v3 wraps the OTLP document
+        if not isinstance(document, dict):
+            raise TraceImportError(f"{source}: result: a JSON {otlp_json.json_type(document)} "
+                                   "where an OTLP document belongs")
     if isinstance(document, dict) and "resourceSpans" in document:
-        message = trace_service_pb2.ExportTraceServiceRequest()
-        try:
-            json_format.ParseDict(_base64_ids(document), message, ignore_unknown_fields=True)
-        except json_format.ParseError as e:
-            raise TraceImportError(f"{source}: an OTLP JSON document that does not parse "
-                                   f"({e})") from None
-        return message
-    if jaeger.is_jaeger(document):
-        try:
-            return jaeger.to_otlp(document)
-        except (KeyError, TypeError, ValueError) as e:
-            raise TraceImportError(f"{source}: a Jaeger JSON trace with a bad span or process "
-                                   f"({type(e).__name__}: {e})") from None
-    keys = sorted(document)[:6] if isinstance(document, dict) else type(document).__name__
+        return otlp_json.decode(document)
+    found = jaeger.traces_in(document)
+    if found is not None:
+        return jaeger.to_otlp(*found)
+    keys = sorted(document)[:6] if isinstance(document, dict) else \
+        f"a JSON {otlp_json.json_type(document)}"
     raise TraceImportError(f"{source}: JSON, but not a trace document (found {keys}); "
                            f"expected {EXPECTED}")
 
 
-def _base64_ids(document: dict[str, Any]) -> dict[str, Any]:
-    """OTLP JSON writes ids as hex; protobuf's JSON parser wants base64 for bytes fields."""
-    for resource_spans in document.get("resourceSpans") or ():
-        for scope_spans in resource_spans.get("scopeSpans") or ():
-            for span in scope_spans.get("spans") or ():
-                for key, length in _ID_LENGTHS.items():
-                    value = span.get(key)
-                    if isinstance(value, str) and len(value) == length and _is_hex(value):
-                        span[key] = base64.b64encode(bytes.fromhex(value)).decode()
-    return document
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return True
+def backend_error(answer: Any) -> str:
+    """The message of a trace backend's JSON error answer (Jaeger's /api/v3
+    `{"error": {"httpCode", "message"}}`, its /api/traces `{"errors": [{"msg"}]}`), or the
+    answer itself, cut to a line."""
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        return str(answer["error"].get("message", answer["error"]))
+    if isinstance(answer, dict) and answer.get("errors"):
+        errors = answer["errors"] if isinstance(answer["errors"], list) else [answer["errors"]]
+        return "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e)
+                         for e in errors)
+    return otlp_json.short(answer, 200)

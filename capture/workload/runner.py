@@ -8,7 +8,6 @@ so every full chunk is read back from the disk.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import math
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from kvscope.capture import ceiling, twins
-from kvscope.contract import clock, env, host, rundir
+from kvscope.contract import clock, env, host, manifest, rundir
 from kvscope.capture.workload import profiles, prompts, system, vllm_metrics
 from kvscope.capture.workload.client import RequestPlan, RequestRecord, run_requests
 from kvscope.capture.workload.kvdir import RunKVDir
@@ -94,11 +93,10 @@ def _kv_cache_gib(opts: RunOptions, spec: twins.TwinSpec) -> int:
 
 def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
               lmcache: dict, kv_dir: Path, model_dir: Path, offset: clock.ClockOffset) -> dict:
-    return {
-        "run_id": opts.out.name,
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "command": opts.command,
-        "model": {
+    return manifest.new(
+        opts.out, command=opts.command, clock=offset,
+        machine=host.machine(host.whole_disk(kv_dir)),
+        model={
             "twin": spec.name, "twin_of": spec.twin_of, "path": str(model_dir),
             "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim, "dtype": spec.dtype,
@@ -106,20 +104,15 @@ def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
             "kv_bytes_per_chunk": spec.kv_bytes_per_chunk,
             "max_model_len": opts.prompt_tokens + opts.max_tokens,
         },
-        "backend": {"profile": profile.name, "summary": profile.summary,
-                    "lmcache": lmcache, "disk_path": str(kv_dir),
-                    "copy_disk_path": str(opts.copy_kv_dir) if opts.copy_kv_dir else None},
-        "workload": {
+        backend={"profile": profile.name, "summary": profile.summary,
+                 "lmcache": lmcache, "disk_path": str(kv_dir),
+                 "copy_disk_path": str(opts.copy_kv_dir) if opts.copy_kv_dir else None},
+        workload={
             "num_requests": opts.requests, "concurrency": opts.concurrency,
             "prompt_tokens": opts.prompt_tokens,
             "shared_prefix_tokens": opts.shared_prefix_tokens, "max_tokens": opts.max_tokens,
             "seed": opts.seed, "phases": opts.phases, "warm_concurrency": opts.warm_concurrency,
-        },
-        "machine": host.machine(host.whole_disk(kv_dir)),
-        "versions": host.versions(),
-        "clock": {"offset_ns": offset.offset_ns, "uncertainty_ns": offset.uncertainty_ns},
-        "phases": [],
-    }
+        })
 
 
 def expected_chunks(prompt_ids: list[list[int]], chunk_tokens: int = twins.CHUNK_TOKENS) -> int:

@@ -30,25 +30,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvscope.contract import files
+
+    output = args.output or args.run / DEFAULT_NAMES[args.format]
     try:
-        document = _build(args.format, args.run)
-    except (FileNotFoundError, ValueError) as e:
+        _check_output(output)
+        text = _build(args.format, args.run)
+        files.atomic_write(output, text)
+    except (OSError, ValueError) as e:
         print(f"kvscope export: error: {e}", file=sys.stderr)
         return 2
-    output = args.output or args.run / DEFAULT_NAMES[args.format]
-    output.write_text(json.dumps(document, separators=(",", ":")))
     print(f"wrote {output}")
     return 0
 
 
-def _build(fmt: str, run_dir: Path) -> dict:
+def _check_output(output: Path) -> None:
+    """Refuse an output that cannot be written before the (possibly long) conversion."""
+    if output.is_dir():
+        raise ValueError(f"-o {output} is a directory; name a file in it, e.g. "
+                         f"{output / 'trace.json'}")
+    if not output.parent.is_dir():
+        raise ValueError(f"-o {output}: its directory {output.parent} does not exist; "
+                         f"create it first or name a file elsewhere")
+
+
+def _build(fmt: str, run_dir: Path) -> str:
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is not a run directory")
     if fmt == "otlp":
+        from kvscope.contract import otlp_json
         from kvscope.exports.merge import merged_otlp
 
-        if not run_dir.is_dir():
-            raise FileNotFoundError(f"{run_dir} is not a run directory")
-        return merged_otlp(run_dir)
+        return otlp_json.dumps(merged_otlp(run_dir))
     from kvscope.analysis import load_run
     from kvscope.exports.perfetto import chrome_trace
 
-    return chrome_trace(load_run(run_dir).spans)
+    return json.dumps(chrome_trace(load_run(run_dir).spans), separators=(",", ":"))

@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     except (documents.TraceImportError, rundir.RunDirError) as e:
         print(f"kvscope import: {e}", file=sys.stderr)
         return 2
-    print(f"kvscope import: {found['spans']} spans, {found['requests']} requests into "
-          f"{found['run']}; next: kvscope analyze {found['run']}")
+    left_out = (f"; {found.backwards} spans that end before they start were left out"
+                if found.backwards else "")
+    print(f"kvscope import: {found.spans} spans, {found.requests} requests, phases "
+          f"{', '.join(found.phases)} into {found.run}{left_out}; next: kvscope analyze "
+          f"{found.run}")
     return 0

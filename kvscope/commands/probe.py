@@ -8,7 +8,6 @@ import signal
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -119,19 +118,9 @@ def _print_ebpf(args: argparse.Namespace) -> int:
 
 def _probe_only_manifest(args: argparse.Namespace) -> dict[str, Any]:
     """The schema's required keys, filled with what a probe-only run knows (docs/probes.md)."""
-    from kvscope.contract import host
+    from kvscope.contract import host, manifest
     from kvscope.contract.clock import measure_offset
 
-    clock = measure_offset()
-    return {
-        "run_id": args.out.resolve().name,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": ["kvscope", *sys.argv[1:]],
-        "model": {}, "backend": {}, "server": {},
-        "workload": {"phases": [args.phase], "probe_only": True},
-        "machine": host.machine(",".join(args.device), user=getpass.getuser()),
-        "versions": host.versions(),
-        "clock": {"offset_ns": clock.offset_ns, "uncertainty_ns": clock.uncertainty_ns},
-        "phases": [],
-    }
-
+    return manifest.new(args.out, clock=measure_offset(),
+                        machine=host.machine(",".join(args.device), user=getpass.getuser()),
+                        server={}, workload={"phases": [args.phase], "probe_only": True})

@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from kvscope import analysis
 from kvscope.cli import main
-from kvscope.contract import semconv
+from kvscope.contract import otlp_json, semconv
+from kvscope.testkit import jaeger_forms
 from kvscope.tracer.fileexport import OtlpJsonFileExporter
 
 MS = 1_000_000
@@ -43,8 +44,11 @@ def _write_sdk_spans(directory: Path) -> None:
                                        semconv.GEN_AI_PROMPT_TOKENS: 600})
         context = trace.set_span_in_context(server)
         for name, start, end in CHILDREN:
+            attributes = {semconv.REQUEST_ID: rid}
+            if name == semconv.SPAN_STORAGE_READ:
+                attributes[semconv.READER_TIDS] = [1000 + n, 2000 + n]
             child = tracer.start_span(name, context=context, start_time=arrival + start * MS,
-                                      attributes={semconv.REQUEST_ID: rid})
+                                      attributes=attributes)
             child.end(end_time=arrival + end * MS)
         server.end(end_time=arrival + 300 * MS)
     provider.shutdown()
@@ -57,43 +61,11 @@ def otlp_dir(tmp_path) -> Path:
     return directory
 
 
-def _jaeger_document(otlp_dir: Path) -> dict:
-    """The same spans in Jaeger's JSON format (the UI's download / /api/traces answer)."""
-    traces: dict[str, dict] = {}
+def _otlp_request(otlp_dir: Path) -> otlp_json.Request:
+    request = otlp_json.Request()
     for path in sorted(otlp_dir.glob("*.json")):
-        for resource_spans in json.loads(path.read_text())["resourceSpans"]:
-            tags = [{"key": a["key"], "type": "int64" if "intValue" in a["value"] else "string",
-                     "value": int(a["value"]["intValue"]) if "intValue" in a["value"]
-                     else a["value"].get("stringValue", "")}
-                    for a in resource_spans["resource"]["attributes"]]
-            service = next(t["value"] for t in tags if t["key"] == "service.name")
-            for scope in resource_spans["scopeSpans"]:
-                for span in scope["spans"]:
-                    trace_ = traces.setdefault(span["traceId"], {
-                        "traceID": span["traceId"], "spans": [],
-                        "processes": {"p1": {"serviceName": service, "tags": tags}},
-                        "warnings": None})
-                    start_us = int(span["startTimeUnixNano"]) // 1000
-                    trace_["spans"].append({
-                        "traceID": span["traceId"], "spanID": span["spanId"].lstrip("0"),
-                        "operationName": span["name"],
-                        "references": [{"refType": "CHILD_OF", "traceID": span["traceId"],
-                                        "spanID": span["parentSpanId"]}]
-                        if span.get("parentSpanId") else [],
-                        "startTime": start_us,
-                        "duration": int(span["endTimeUnixNano"]) // 1000 - start_us,
-                        "tags": [_jaeger_tag(a) for a in span.get("attributes", ())],
-                        "logs": [], "processID": "p1", "warnings": None})
-    return {"data": list(traces.values()), "total": 0, "limit": 0, "offset": 0, "errors": None}
-
-
-def _jaeger_tag(attribute: dict) -> dict:
-    value = attribute["value"]
-    if "doubleValue" in value:
-        return {"key": attribute["key"], "type": "float64", "value": value["doubleValue"]}
-    if "intValue" in value:
-        return {"key": attribute["key"], "type": "int64", "value": int(value["intValue"])}
-    return {"key": attribute["key"], "type": "string", "value": value["stringValue"]}
+        request.MergeFrom(otlp_json.loads(path.read_bytes()))
+    return request
 
 
 def _import_and_analyze(source: list[str], out: Path, capsys) -> None:
@@ -107,6 +79,10 @@ def _import_and_analyze(source: list[str], out: Path, capsys) -> None:
     assert (attribution["prefill_ns"] == 60 * MS).all()
     parts = [f"{c}_ns" for c in analysis.attribution.COMPONENTS]
     assert (attribution[parts].sum(axis=1) == attribution["ttft_ns"]).all()
+    spans = analysis.load_run(out).spans
+    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ].set_index("request_id")
+    assert {rid: a[semconv.READER_TIDS] for rid, a in reads["attributes"].items()} == {
+        f"req-{n}": [1000 + n, 2000 + n] for n in range(REQUESTS)}, "arrays come back typed"
 
 
 def test_otlp_json_files_written_by_the_sdk(otlp_dir, tmp_path, capsys):
@@ -121,35 +97,65 @@ def test_otlp_json_lines_in_the_collector_file_exporter_layout(otlp_dir, tmp_pat
 
 def test_jaeger_json_download(otlp_dir, tmp_path, capsys):
     path = tmp_path / "jaeger.json"
-    path.write_text(json.dumps(_jaeger_document(otlp_dir)))
+    path.write_text(json.dumps(jaeger_forms.ui_json(_otlp_request(otlp_dir))))
     _import_and_analyze([str(path)], tmp_path / "run", capsys)
 
 
-def test_jaeger_v3_query_api_standin_jaeger(otlp_dir, tmp_path, capsys):
-    """A stand-in for Jaeger's query service (none can run here) answering /api/v3/traces."""
-    answers = "".join(json.dumps({"result": json.loads(p.read_text())})
-                      for p in sorted(otlp_dir.glob("*.json")))
-    asked = []
+def test_jaeger_uis_top_level_array_of_traces(otlp_dir, tmp_path, capsys):
+    path = tmp_path / "jaeger.json"
+    path.write_text(json.dumps(jaeger_forms.ui_json(_otlp_request(otlp_dir))["data"]))
+    _import_and_analyze([str(path)], tmp_path / "run", capsys)
+
+
+@pytest.fixture
+def standin_jaeger():
+    """A stand-in for Jaeger's query service (none can run here): answers every GET with the
+    status and body it is given, and keeps the paths asked."""
+    answer: dict = {"status": 200, "body": ""}
+    asked: list[str] = []
 
     class Jaeger(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's method name)
             asked.append(self.path)
-            self.send_response(200)
+            self.send_response(answer["status"])
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(answers.encode())
+            self.wfile.write(answer["body"].encode())
 
         def log_message(self, *args):
             pass
 
     server = HTTPServer(("127.0.0.1", 0), Jaeger)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        _import_and_analyze(["--url", f"http://127.0.0.1:{server.server_port}",
-                             "--since", "60"], tmp_path / "run", capsys)
-    finally:
-        server.shutdown()
+    yield f"http://127.0.0.1:{server.server_port}", answer, asked
+    server.shutdown()
+
+
+def test_jaeger_v3_answer_over_jaegers_model_with_stringified_arrays(otlp_dir, tmp_path, capsys,
+                                                                     standin_jaeger):
+    url, answer, asked = standin_jaeger
+    answer["body"] = json.dumps(jaeger_forms.api_v3_json(_otlp_request(otlp_dir)))
+    assert '"stringValue": "[1000,2000]"' in answer["body"], "Jaeger's form of an array"
+    _import_and_analyze(["--url", url, "--since", "60"], tmp_path / "run", capsys)
     assert asked[0].startswith("/api/v3/traces?query.service_name=kvscope-vllm&")
+
+
+def test_jaeger_v3_answers_streamed_one_object_per_batch(otlp_dir, tmp_path, capsys,
+                                                         standin_jaeger):
+    url, answer, _ = standin_jaeger
+    answer["body"] = "".join(json.dumps({"result": json.loads(p.read_text())})
+                             for p in sorted(otlp_dir.glob("*.json")))
+    _import_and_analyze(["--url", url, "--since", "60"], tmp_path / "run", capsys)
+
+
+def test_import_url_shows_the_backends_error_text(tmp_path, capsys, standin_jaeger):
+    url, answer, _ = standin_jaeger
+    answer["status"] = 404  # what Jaeger's /api/v3 answers when nothing matched
+    answer["body"] = json.dumps({"error": {"httpCode": 404, "message": "No traces found"}})
+    assert main(["import", "--url", url, "--since", "60", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "HTTP 404" in err and "No traces found" in err and "--since" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(("content", "says"), [
@@ -170,3 +176,85 @@ def test_bad_files_are_named_with_what_was_expected(tmp_path, capsys, content, s
     err = capsys.readouterr().err
     assert str(path) in err and says in err, err
     assert not (tmp_path / "run").exists(), "nothing written for bad input"
+
+
+TRACE, SPAN = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
+
+
+def _otlp(**span: object) -> str:
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": TRACE, "spanId": SPAN, "name": semconv.SPAN_SERVER_REQUEST,
+        "startTimeUnixNano": str(T0), "endTimeUnixNano": str(T0 + MS), **span}]}]}]})
+
+
+def _jaeger(trace: dict | None = None, **span: object) -> str:
+    return json.dumps({"data": [{"traceID": TRACE, "spans": [{
+        "traceID": TRACE, "spanID": SPAN, "operationName": semconv.SPAN_SERVER_REQUEST,
+        "references": [], "startTime": T0 // 1000, "duration": 5, "tags": [],
+        "processID": "p1", **span}],
+        "processes": {"p1": {"serviceName": "kvscope-vllm", "tags": []}}, **(trace or {})}]})
+
+
+@pytest.mark.parametrize(("content", "field"), [
+    pytest.param('{"resourceSpans": {"scopeSpans": []}}',
+                 "resourceSpans: a JSON object where an array belongs", id="resourceSpans-dict"),
+    pytest.param('{"resourceSpans": [{"scopeSpans": [{"spans": [1, 2]}]}]}',
+                 "resourceSpans[0].scopeSpans[0].spans[0]: a JSON number where an object",
+                 id="ints-as-spans"),
+    pytest.param(_otlp(spanId=12), "spans[0].spanId: 12 is not an id", id="otlp-int-span-id"),
+    pytest.param(_otlp(traceId=TRACE[:24]), "spans[0].traceId: '5b8efff798038103d269b633' is "
+                 "not an id of 16 bytes", id="otlp-short-trace-id"),
+    pytest.param(_otlp(links=[{"traceId": TRACE + "00", "spanId": SPAN}]),
+                 "spans[0].links[0].traceId: ", id="otlp-long-link-id"),
+    pytest.param(_otlp(attributes=[{"key": semconv.READER_TIDS,
+                                    "value": {"stringValue": "[18253"}}]),
+                 "attribute kvscope.storage.reader_tids: '[18253' is not an array of integers",
+                 id="broken-array"),
+    pytest.param(_jaeger({"processes": [{"serviceName": "x"}]}),
+                 "data[0].processes: a JSON array where an object belongs",
+                 id="jaeger-processes-list"),
+    pytest.param(_jaeger(tags=["kvscope.phase=cold"]),
+                 "data[0].spans[0].tags[0]: a JSON string where an object belongs",
+                 id="jaeger-tags-strings"),
+    pytest.param(_jaeger(spanID=12), "data[0].spans[0].spanID: 12 is not an id",
+                 id="jaeger-int-span-id"),
+    pytest.param(_jaeger(spanID=SPAN * 2), "data[0].spans[0].spanID: ", id="jaeger-long-id"),
+    pytest.param(_jaeger(processID="p9"), "data[0].spans[0].processID: 'p9' is not one of",
+                 id="jaeger-unknown-process"),
+    pytest.param(_jaeger(tags=[{"key": semconv.READ_BYTES, "type": "int64", "value": "many"}]),
+                 "data[0].spans[0].tags[0] (kvscope.storage.read_bytes): 'many' is not",
+                 id="jaeger-bad-int"),
+    pytest.param("[" * 100_000, "nested too deeply", id="deeply-nested"),
+])
+def test_hostile_files_are_one_line_naming_the_file_and_field(tmp_path, capsys, content, field):
+    path = tmp_path / "traces.json"
+    path.write_text(content)
+    assert main(["import", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvscope import: {path}: ") and field in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists(), "nothing written for bad input"
+
+
+def test_spans_ending_before_they_start_are_left_out_and_counted(otlp_dir, tmp_path, capsys):
+    backwards = json.loads(_otlp(spanId="00000000000000aa", name=semconv.SPAN_QUEUE,
+                                 endTimeUnixNano=str(T0 - 1)))
+    (otlp_dir / "backwards.json").write_text(json.dumps(backwards))
+    assert main(["import", str(otlp_dir), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "1 spans that end before they start were left out" in out, out
+    spans = analysis.load_run(tmp_path / "run").spans
+    assert (spans["end_ns"] >= spans["start_ns"]).all() and "00000000000000aa" not in set(
+        spans["span_id"])
+
+
+def test_link_ids_are_converted_like_span_ids(otlp_dir, tmp_path, capsys):
+    linked = json.loads(_otlp(name=semconv.SPAN_QUEUE, links=[{"traceId": TRACE.upper(),
+                                                              "spanId": SPAN}]))
+    (otlp_dir / "linked.json").write_text(json.dumps(linked))
+    assert main(["import", str(otlp_dir), "--out", str(tmp_path / "run")]) == 0, \
+        capsys.readouterr().err
+    written = [s for p in sorted((tmp_path / "run" / "spans").glob("*.json"))
+               for rs in json.loads(p.read_text())["resourceSpans"]
+               for ss in rs["scopeSpans"] for s in ss["spans"] if s.get("links")]
+    assert [s["links"] for s in written] == [[{"traceId": TRACE, "spanId": SPAN}]]

@@ -8,7 +8,9 @@ at import) that ends real spans through the plugin's processor and prints what a
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +80,14 @@ def test_a_scrape_shows_each_stage_the_read_bytes_and_the_backends_counters(tmp_
     assert samples[("kvscope_disk_backend_read_misses_total", ())] == 1
     assert samples[("kvscope_disk_backend_stores_total", ())] == 0
     assert samples[("kvscope_disk_backend_refused_chunks_total", (("reason", "checksum"),))] == 2
+
+
+def test_grafana_panels_rate_over_grafanas_rate_interval():
+    """A fixed `[1m]` window holds fewer than two samples at Prometheus's default 1 m scrape
+    interval, so rate() is empty; `$__rate_interval` is at least four scrape intervals."""
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "kvscope-stages.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", ())]
+    windows = [w for q in queries
+               for w in re.findall(r"\b(?:rate|increase|irate)\([^\[]*\[([^\]]+)\]", q)]
+    assert queries and len(windows) == len(queries)
+    assert set(windows) == {"$__rate_interval"}, windows

@@ -7,14 +7,19 @@ import threading
 import time
 
 import pytest
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
 from kvscope.contract.env import ENV_SPANS_DIR
 from kvscope.testkit.tracing import free_tcp_port, wait_until
 
 from kvscope.analysis import otlp
 from kvscope.tracer import config, failsafe, pipeline
-from kvscope.contract import semconv
-from kvscope.tracer.fileexport import OtlpJsonFileExporter
+from kvscope.contract import otlp_json, semconv
+from kvscope.tracer.fileexport import OtlpJsonFileExporter, span_file
 from kvscope.tracer.run import summarize_stats
 from kvscope.tracer.runtime import Runtime
 
@@ -221,3 +226,39 @@ def test_stats_carry_the_processes_kvscope_errors(tmp_path):
     summary = summarize_stats(tmp_path, final=True)
     assert summary["hook_errors"] == {"Scheduler.schedule": 1}
     assert summary["config_errors"] == {"OTEL_BSP_MAX_QUEUE_SIZE": 1}
+
+
+def test_span_files_hold_what_the_sdks_otlp_encoder_puts_in_its_message():
+    """fileexport builds the document without protobuf (for speed); read back it is the
+    message the SDK's own OTLP encoder makes of the same spans, field for field."""
+    collected: list = []
+
+    class Keep(SpanExporter):
+        def export(self, spans):
+            collected.extend(spans)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "s", "process.pid": 7}))
+    provider.add_span_processor(SimpleSpanProcessor(Keep()))
+    tracer = provider.get_tracer("kvscope.tracer", "0.1.0")
+    remote = trace.SpanContext(0x5B8EFFF798038103D269B633813FC60C, 0xEEE19B7EC3C1B174, True,
+                               trace.TraceFlags(1), trace.TraceState([("vendor", "x=1")]))
+    for n, kind in enumerate(trace.SpanKind):
+        span = tracer.start_span(
+            f"s{n}", kind=kind, start_time=10 + n, context=trace.set_span_in_context(
+                trace.NonRecordingSpan(remote)) if n % 2 else None,
+            links=[trace.Link(remote, {"why": "batch", "n": n})] if n == 3 else (),
+            attributes={"b": bool(n % 2), "i": -(1 << 62) + n, "f": 0.5 + n, "s": "é<&>",
+                        "ints": [1, 2, n], "strs": ("a", ""), "floats": [1.5], "bools": [True],
+                        "empty": []})
+        span.add_event("e", {"at": n}, timestamp=11 + n)
+        if n == 2:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, "broke"))
+        span.end(end_time=20 + n)
+    other = TracerProvider(resource=Resource({"service.name": "t"}, "https://schema/1"))
+    other.add_span_processor(SimpleSpanProcessor(Keep()))
+    other.get_tracer("other").start_span("lone", start_time=1).end(end_time=2)
+
+    assert len(collected) == len(trace.SpanKind) + 1
+    written = otlp_json.decode(json.loads(span_file(collected)))
+    assert written == encode_spans(collected)

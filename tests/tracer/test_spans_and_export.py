@@ -58,6 +58,13 @@ def synthetic_run(tmp_path_factory):
     return make_run(tmp_path_factory.mktemp("run") / "run", n_requests=6, seed=3)
 
 
+def _perfetto_ns(start_us: float, dur_us: float = 0.0) -> tuple[int, int]:
+    """(start, end) in ns as Perfetto's JSON importer reads a trace event's µs: each of ts and
+    dur x 1000, rounded to the nearest ns."""
+    start = round(start_us * 1000)
+    return start, start + round(dur_us * 1000)
+
+
 def test_perfetto_reads_are_async_pairs_and_complete_events_nest(synthetic_run):
     spans = load_run(synthetic_run).spans
     events = chrome_trace(spans)["traceEvents"]
@@ -67,15 +74,15 @@ def test_perfetto_reads_are_async_pairs_and_complete_events_nest(synthetic_run):
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == len(spans) - len(reads)
     by_thread: dict = {}
-    for e in complete:
-        by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for e in complete:  # in whole ns, as Perfetto reads them (float sums would not be exact)
+        by_thread.setdefault((e["pid"], e["tid"]), []).append(_perfetto_ns(e["ts"], e["dur"]))
     for intervals in by_thread.values():
         intervals.sort(key=lambda iv: (iv[0], -iv[1]))
         stack: list = []
         for start, end in intervals:
             while stack and stack[-1] <= start:
                 stack.pop()
-            assert not stack or end <= stack[-1] + 1e-3
+            assert not stack or end <= stack[-1]
             stack.append(end)
     counters = [e for e in events if e["ph"] == "C"]
     assert counters[-1]["args"] == {"reads": 0, "bytes": 0}
@@ -118,3 +125,53 @@ def test_async_loading_reads_wait_for_their_request_and_are_bounded(tmp_path, mo
         ("r1", 1_001, 5_001), ("r2", 1_002, 5_002)]
     assert set(spans["name"]) == {semconv.SPAN_STORAGE_READ}
     assert set(spans["parent_span_id"]) == {"b7ad6b7169203331"}
+
+
+@pytest.mark.parametrize(("target", "says"), [
+    pytest.param("missing/x.json", "its directory", id="missing-directory"),
+    pytest.param(".", "is a directory; name a file in it", id="a-directory"),
+])
+@pytest.mark.parametrize("fmt", ["otlp", "perfetto"])
+def test_export_to_an_output_it_cannot_write_is_one_line(synthetic_run, tmp_path, capsys,
+                                                        monkeypatch, fmt, target, says):
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", fmt, str(synthetic_run), "-o", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvscope export: error: -o {target}") and says in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_perfetto_keeps_every_child_within_its_parent_at_epoch_times(synthetic_run):
+    """An imported run's spans are epoch ns (clock offset 0). As µs doubles of the epoch they
+    keep only about 0.25 µs, so a child ending a few ns before its parent ended after it."""
+    spans = load_run(synthetic_run).spans
+    shift = 1_796_011_181_952_360_082 - int(spans["start_ns"].min())
+    spans = spans.assign(start_ns=spans["start_ns"] + shift, end_ns=spans["end_ns"] + shift)
+    original_end = spans.set_index("span_id")["end_ns"]
+    child = spans["parent_span_id"].isin(original_end.index)
+    spans.loc[child, "end_ns"] = spans.loc[child, "parent_span_id"].map(original_end) - 3
+    end_of = spans.set_index("span_id")["end_ns"]
+    pairs = spans[child & (spans["start_ns"] <= spans["end_ns"])]
+    assert len(pairs) > len(spans) // 2
+    assert (pairs["end_ns"] < pairs["parent_span_id"].map(end_of)).all()
+    old = {s.span_id: _perfetto_ns(s.start_ns / 1e3, (s.end_ns - s.start_ns) / 1e3)
+           for s in spans.itertuples()}
+    assert any(old[c.span_id][1] > old[c.parent_span_id][1] for c in pairs.itertuples()), \
+        "the old conversion (epoch µs as doubles) mis-nests some child"
+
+    trace = json.loads(json.dumps(chrome_trace(spans)))
+    zero = trace["otherData"]["time_zero_ns"]
+    times: dict[str, tuple[int, int]] = {}
+    for event in trace["traceEvents"]:
+        if event["ph"] == "X":
+            times[event["args"]["span_id"]] = _perfetto_ns(event["ts"], event["dur"])
+        elif event["ph"] in "be":
+            begun = times.get(event["id"][2:], (0, 0))
+            at = _perfetto_ns(event["ts"])[0]
+            times[event["id"][2:]] = (at, begun[1]) if event["ph"] == "b" else (begun[0], at)
+    for span in spans.itertuples():
+        assert times[span.span_id] == (span.start_ns - zero, span.end_ns - zero), span
+    for c in pairs.itertuples():
+        parent = times[c.parent_span_id]
+        assert parent[0] <= times[c.span_id][0] and times[c.span_id][1] <= parent[1], c
