@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     frames = []
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
         collected = Path(tmp) / "collector"  # a real OTLP/gRPC receiver (kvscope record's)
-        listener = OtlpListener("127.0.0.1:0", collected)
+        listener = OtlpListener("127.0.0.1:0")
+        listener.start(collected)
         try:
             for i in range(args.repeats):
                 for variant in variants:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import threading
 import time
 
@@ -204,13 +205,17 @@ def test_otlp_exporter_follows_the_standard_environment(env, expected):
     assert kind == expected
 
 
-def test_file_exporter_creates_its_directory(tmp_path):
-    exporter = OtlpJsonFileExporter(tmp_path / "new" / "spans", "x")
-    rt = _runtime({})
+def test_the_spans_directory_is_made_private_at_start_up_not_by_the_exporter(tmp_path):
+    spans = tmp_path / "new" / "spans"
+    rt = _runtime({pipeline.ENV_SPANS_DIR: str(spans)})
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (spans.parent, spans, spans / "stats")}
+    assert set(modes.values()) == {0o700}, modes
     span = rt.tracer.start_span("s")
     span.end()
-    assert exporter.export([span]) is SpanExportResult.SUCCESS
-    assert len(list((tmp_path / "new" / "spans").glob("x-*.json"))) == 1
+    assert OtlpJsonFileExporter(spans, "x").export([span]) is SpanExportResult.SUCCESS
+    assert len(list(spans.glob("x-*.json"))) == 1
+    with pytest.raises(FileNotFoundError):  # a directory gone later is not made again unchecked
+        OtlpJsonFileExporter(tmp_path / "gone", "x").export([span])
 
 
 def test_stats_carry_the_processes_kvscope_errors(tmp_path):
