@@ -137,6 +137,12 @@ class OtlpListener:
     def stop(self, grace_s: float = 2.0) -> None:
         self._server.stop(grace=grace_s).wait()
 
+    def __enter__(self) -> "OtlpListener":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop(grace_s=0)
+
 
 def _check_free(address: str) -> tuple[str, int]:
     """(host, port) of `address`; ValueError in one line when it is no host:port or the port
