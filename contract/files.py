@@ -123,10 +123,11 @@ def check_private_dir(path: str | os.PathLike[str], owners: Iterable[int] | None
             f"{path} is owned by uid {st.st_uid}, another user (mode "
             f"{stat.S_IMODE(st.st_mode):04o}), who could read or plant files there; use a "
             f"directory of your own ({_whose(allowed)})")
-    if stat.S_IMODE(st.st_mode) & 0o022:
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
         raise UnsafePath(
-            f"{path} is writable by other users ({_describe(st)}), who could plant or swap "
-            f"files there; `chmod 700 {path}` or use another directory")
+            f"{path} has mode {mode:04o} (group/world-writable): other users could plant or "
+            f"swap files there; run `chmod 700 {path}` or use another directory")
     check_ancestors(path, allowed)
 
 
@@ -153,8 +154,8 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
         except FileExistsError:
             continue  # made meanwhile by someone: checked below like any existing directory
         except OSError as exc:
-            raise UnsafePath(f"{target}: cannot create {directory} ({exc.strerror}); name a "
-                             f"directory you can write") from None
+            raise UnsafePath(f"{target} is not writable ({exc.strerror} creating {directory}); "
+                             f"name a directory you can write") from None
         os.chmod(directory, PRIVATE_DIR_MODE)  # a umask may take the owner's bits too
     check_private_dir(target)
     return target

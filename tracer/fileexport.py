@@ -51,9 +51,8 @@ def _hex_ids(item: dict[str, Any]) -> None:
 
 
 class OtlpJsonFileExporter(SpanExporter):
-    """Writes `<prefix>-<pid>-<n>.json` per export call into `directory`, which tracer/config.py
-    made or checked private at start-up (a missing one fails the export: it is never made
-    again here, where nothing checks it)."""
+    """Writes `<prefix>-<pid>-<n>.json` per export call into `directory`, made or checked
+    private (contract.files) before each write: one that fails the rule fails the export."""
 
     def __init__(self, directory: str | os.PathLike, prefix: str) -> None:
         self.directory = Path(directory)
@@ -64,6 +63,7 @@ class OtlpJsonFileExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         name = f"{self.prefix}-{os.getpid()}-{next(self._sequence):05d}.json"
+        files.private_dir(self.directory)
         files.atomic_write(self.directory / name,
                            json.dumps(otlp_json_document(spans), separators=(",", ":")))
         return SpanExportResult.SUCCESS

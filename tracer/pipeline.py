@@ -209,7 +209,7 @@ class _EndCounter(SpanProcessor):
 
 class StatsFile:
     """RUN/spans/stats/<prefix>-<pid>.json, replaced whole (several exporter threads write), in
-    the directory tracer/config.py made or checked private at start-up."""
+    a directory made or checked private (contract.files) before each write."""
 
     def __init__(self, spans_dir: Path, prefix: str) -> None:
         self.path = spans_dir / STATS_DIR / f"{prefix}-{os.getpid()}.json"
@@ -218,9 +218,10 @@ class StatsFile:
     def write(self, stats: Mapping[str, Any]) -> None:
         with self._lock:
             try:
+                files.private_dir(self.path.parent)
                 files.atomic_write(self.path, json.dumps(
                     {**stats, "pid": os.getpid(), **failsafe_stats()}))
-            except OSError as e:
+            except (OSError, files.UnsafePath) as e:
                 logger.warning("kvscope tracer: cannot write %s: %s", self.path, e)
 
 

@@ -26,7 +26,7 @@ def test_a_directory_planted_by_another_user_is_refused(shared_tmp, as_nobody):
 def test_a_world_writable_directory_of_ours_is_refused(shared_tmp):
     (shared_tmp / "open").mkdir()
     os.chmod(shared_tmp / "open", 0o777)
-    with pytest.raises(UnsafePath, match="writable by other users.*chmod 700"):
+    with pytest.raises(UnsafePath, match="mode 0777 .group/world-writable.*chmod 700"):
         files.check_private_dir(shared_tmp / "open")
 
 

@@ -205,7 +205,7 @@ def test_otlp_exporter_follows_the_standard_environment(env, expected):
     assert kind == expected
 
 
-def test_the_spans_directory_is_made_private_at_start_up_not_by_the_exporter(tmp_path):
+def test_the_spans_directory_is_made_private_at_start_up_and_by_the_exporter(tmp_path):
     spans = tmp_path / "new" / "spans"
     rt = _runtime({pipeline.ENV_SPANS_DIR: str(spans)})
     modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (spans.parent, spans, spans / "stats")}
@@ -214,8 +214,12 @@ def test_the_spans_directory_is_made_private_at_start_up_not_by_the_exporter(tmp
     span.end()
     assert OtlpJsonFileExporter(spans, "x").export([span]) is SpanExportResult.SUCCESS
     assert len(list(spans.glob("x-*.json"))) == 1
-    with pytest.raises(FileNotFoundError):  # a directory gone later is not made again unchecked
-        OtlpJsonFileExporter(tmp_path / "gone", "x").export([span])
+    assert OtlpJsonFileExporter(tmp_path / "later", "x").export([span]) is SpanExportResult.SUCCESS
+    assert stat.S_IMODE((tmp_path / "later").stat().st_mode) == 0o700  # made private too
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(ValueError, match="group/world-writable"):  # counted failed by the pipeline
+        OtlpJsonFileExporter(tmp_path / "open", "x").export([span])
 
 
 def test_stats_carry_the_processes_kvscope_errors(tmp_path):

@@ -61,20 +61,22 @@ def test_a_spans_directory_prepared_by_another_user_is_refused_and_nothing_writt
     assert failsafe.counts() == {failsafe.CONFIG + config.ENV_SPANS_DIR: 1}
 
 
-@pytest.mark.parametrize("prepare", [
-    pytest.param(lambda shared, nobody: nobody("mkdir", "-m", "755", str(shared / "theirs")),
-                 id="parent-of-another-user"),
-    pytest.param(lambda shared, nobody: nobody("ln", "-s", "/root", str(shared / "theirs")),
-                 id="parent-a-link-of-another-user"),
-])
+@pytest.mark.parametrize("link", [False, True], ids=["parent-of-another-user",
+                                                   "parent-a-link-of-another-user-to-ours"])
 def test_a_spans_directory_under_a_parent_another_user_controls_is_refused(
-        shared_tmp, as_nobody, caplog, prepare):
-    prepare(shared_tmp, as_nobody)
+        shared_tmp, as_nobody, tmp_path, caplog, link):
+    ours = tmp_path / "root-only"
+    ours.mkdir(mode=0o700)
+    if link:
+        as_nobody("ln", "-s", str(ours), str(shared_tmp / "theirs"))
+    else:
+        as_nobody("mkdir", "-m", "755", str(shared_tmp / "theirs"))
     spans = shared_tmp / "theirs" / "spans"
     with caplog.at_level(logging.WARNING):
         settings = config.load({config.ENV_SPANS_DIR: str(spans)})
     assert settings.spans_dir is None
     assert not os.path.lexists(spans), "nothing made below a parent they control"
+    assert os.listdir(ours) == []
     (line,) = _warnings(caplog)
     assert f"{shared_tmp / 'theirs'}" in line and "uid 65534" in line
 
