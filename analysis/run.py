@@ -45,10 +45,13 @@ def load_run(path: str | Path, *, read_spans: bool = True) -> Run:
 
     Raises:
         FileNotFoundError: `path` is not a directory.
+        RunDirError: a file of the run is unreadable or has a field of the wrong type (the
+            first such problem, named; `rundir.unreadable` lists them all).
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a run directory (it does not exist)")
+    rundir.check_readable(path)
     problems = rundir.validate(path)
     manifest = _manifest(path, problems)
     tables = {name: _table(path, name, problems) for name in rundir.TABLES}
@@ -86,7 +89,7 @@ def _table(path: Path, name: str, problems: list[str]) -> pd.DataFrame:
 
 def _offset_ns(manifest: dict[str, Any], problems: list[str]) -> int:
     try:
-        return int(manifest["clock"]["offset_ns"])
+        return int(manifest["clock"]["offset_ns"])  # an integer in range (MANIFEST_SCHEMA)
     except (KeyError, TypeError, ValueError):
         problems.append("manifest.json has no clock.offset_ns: span times cannot be put on the "
                         "monotonic clock; spans will not line up with requests")

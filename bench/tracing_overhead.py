@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
         collected = Path(tmp) / "collector"  # a real OTLP/gRPC receiver (kvscope record's)
-        listener = OtlpListener("127.0.0.1:0", collected)
+        listener = OtlpListener("127.0.0.1:0")
+        listener.start(collected)
         try:
             for i in range(args.repeats):
                 for variant in variants if i % 2 == 0 else variants[::-1]:

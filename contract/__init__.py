@@ -5,8 +5,8 @@ Producers (the workload driver, tracer, probes, disk backend) write a run direct
 so everything they must agree on is defined here once: the layout and table schemas
 (`rundir`), span names, attribute keys and their value types (`semconv`), the span files'
 format (`otlp_json`), the disk backend's counter names (`counters`), the chunk ledger's tiers
-and miss reasons (`chunk_outcomes`), how files are written and read safely (`files`), the parts
-of vLLM and LMCache kvscope reaches (`upstream`), the clock (`clock`), the environment variables
-that carry the run to the server (`env`) and the manifest's host blocks (`host`). It imports
-nothing else of kvscope.
+and miss reasons (`chunk_outcomes`), the parts of vLLM and LMCache kvscope reaches
+(`upstream`), the clock (`clock`), the environment variables that carry the run to the server
+(`env`) and the manifest's host blocks (`host`); and how any of them writes and reads files on
+a shared host (`files`, `jsonfiles`). It imports nothing else of kvscope.
 """

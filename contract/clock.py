@@ -10,6 +10,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+# The largest offset taken as a clock offset (about 146 years of ns): monotonic + offset must
+# fit the int64 columns and OTLP's fixed64 times, so a larger one is a typo or tampering.
+MAX_OFFSET_NS = 1 << 62
+
+
+def plausible_offset(value: object) -> bool:
+    """Whether `value` can be an offset: an integer (not a bool or float) within MAX_OFFSET_NS."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_OFFSET_NS
+
 
 @dataclass(frozen=True)
 class ClockOffset:

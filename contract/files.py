@@ -7,8 +7,9 @@ trusted, nor served. So:
 
 - a directory kvscope writes into must be owned by this process's user (or root) and not
   writable by group or others, and every existing ancestor must be owned by root or this user
-  and, where group or others may write it, sticky (then nobody else can rename our entries);
-  kvscope creates what is missing 0700 (`private_dir`);
+  (a link among them too: its owner could re-point it) and, where group or others may write
+  it, sticky (then nobody else can rename our entries); kvscope creates what is missing 0700
+  (`private_dir`);
 - a file is written to an exclusive temporary name (O_EXCL | O_NOFOLLOW, 0600), flushed to
   disk and renamed into place (`atomic_write`): a reader never sees half a file and a planted
   link is replaced, never written through;
@@ -39,29 +40,64 @@ class UnsafePath(ValueError):
 
 
 def trusted_owners() -> frozenset[int]:
-    """This process's user and root: the only owners a privileged process may rely on."""
-    return frozenset({os.geteuid(), 0})
+    """The owners a process may rely on: its own user and root, and under sudo the user who
+    ran sudo (SUDO_UID), who may become root anyway and for whom `sudo kvscope record`
+    writes (a run under their home directory)."""
+    owners = {os.geteuid(), 0}
+    invoker = sudo_invoker()
+    if invoker is not None:
+        owners.add(invoker[0])
+    return frozenset(owners)
+
+
+def sudo_invoker() -> tuple[int, int] | None:
+    """(uid, gid) of the user who ran this root process through sudo, else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _describe(st: os.stat_result) -> str:
     return f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
 
 
-def check_ancestors(path: str | os.PathLike[str]) -> None:
+def _owners(owners: Iterable[int] | None) -> frozenset[int]:
+    return trusted_owners() if owners is None else frozenset(owners)
+
+
+def _whose(owners: frozenset[int]) -> str:
+    return " or ".join(f"uid {uid}" for uid in sorted(owners))
+
+
+def check_ancestors(path: str | os.PathLike[str], owners: Iterable[int] | None = None) -> None:
     """UnsafePath unless every existing ancestor of `path` (as written and as resolved) is a
-    directory owned by root or this user, sticky where group or others may write it."""
-    owners = trusted_owners()
+    directory of one of `owners` (default `trusted_owners()`), sticky where group or others
+    may write it, and every link among them is one of theirs too."""
+    allowed = _owners(owners)
     absolute = Path(os.path.abspath(path))
+    for link in absolute.parents:
+        try:
+            st = os.lstat(link)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in allowed:
+            raise UnsafePath(
+                f"{path}: its parent {link} is a symbolic link of uid {st.st_uid}, who could "
+                f"point it elsewhere; name the real directory ({os.path.realpath(link)}) "
+                f"after checking who owns it")
     for ancestor in {*absolute.parents, *Path(os.path.realpath(absolute)).parents}:
         try:
             st = os.stat(ancestor)
-        except FileNotFoundError:
+        except OSError:
             continue
-        if st.st_uid not in owners:
+        if st.st_uid not in allowed:
             raise UnsafePath(
                 f"{path}: its parent {ancestor} is owned by uid {st.st_uid} ({_describe(st)}), "
-                f"who could swap what lies below it; use a directory under one owned by root "
-                f"or uid {os.geteuid()}")
+                f"who could swap what lies below it; use a directory under one owned by "
+                f"{_whose(allowed)}")
         if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
             raise UnsafePath(
                 f"{path}: its parent {ancestor} is writable by other users and not sticky "
@@ -69,9 +105,10 @@ def check_ancestors(path: str | os.PathLike[str]) -> None:
                 f"`chmod o-w,g-w {ancestor}` or use another directory")
 
 
-def check_private_dir(path: str | os.PathLike[str]) -> None:
-    """UnsafePath unless `path` is a real directory (not a link) owned by this user or root,
-    writable by nobody else, under ancestors that pass `check_ancestors`."""
+def check_private_dir(path: str | os.PathLike[str], owners: Iterable[int] | None = None) -> None:
+    """UnsafePath unless `path` is a real directory (not a link) of one of `owners` (default
+    `trusted_owners()`), writable by nobody else, under ancestors that pass `check_ancestors`."""
+    allowed = _owners(owners)
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -81,36 +118,57 @@ def check_private_dir(path: str | os.PathLike[str]) -> None:
                          f"real directory after checking who owns it")
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePath(f"{path} is not a directory")
-    if st.st_uid not in trusted_owners():
+    if st.st_uid not in allowed:
         raise UnsafePath(
-            f"{path} is owned by another user ({_describe(st)}), who could read or plant files "
-            f"there; use a directory of your own (uid {os.geteuid()})")
-    if stat.S_IMODE(st.st_mode) & 0o022:
+            f"{path} is owned by uid {st.st_uid}, another user (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}), who could read or plant files there; use a "
+            f"directory of your own ({_whose(allowed)})")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
         raise UnsafePath(
-            f"{path} is writable by other users ({_describe(st)}), who could plant or swap "
-            f"files there; `chmod 700 {path}` or use another directory")
-    check_ancestors(path)
+            f"{path} has mode {mode:04o} (group/world-writable): other users could plant or "
+            f"swap files there; run `chmod 700 {path}` or use another directory")
+    check_ancestors(path, allowed)
 
 
-def private_dir(path: str | os.PathLike[str]) -> Path:
-    """`path`, created 0700 with any missing parents, after `check_private_dir` (the parents
-    created here are checked too)."""
-    target = Path(os.path.abspath(path))
+def missing_parts(path: str | os.PathLike[str]) -> list[Path]:
+    """The parts of `path` (absolute) that do not exist yet, outermost first: what
+    `private_dir(path)` would create."""
     missing = []
-    probe = target
+    probe = Path(os.path.abspath(path))
     while not os.path.lexists(probe) and probe != probe.parent:
         missing.append(probe)
         probe = probe.parent
-    for directory in reversed(missing):
+    return missing[::-1]
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """`path`, created 0700 with any missing parents, after `check_private_dir`. The existing
+    ancestors are checked before anything is created, so nothing is made through a link or
+    in a directory another user controls."""
+    target = Path(os.path.abspath(path))
+    check_ancestors(target)
+    for directory in missing_parts(target):
         try:
             os.mkdir(directory, PRIVATE_DIR_MODE)
         except FileExistsError:
-            pass  # made meanwhile by someone: checked below like any existing directory
+            continue  # made meanwhile by someone: checked below like any existing directory
         except OSError as exc:
-            raise UnsafePath(f"{target}: cannot create {directory} ({exc.strerror}); name a "
-                             f"directory you can write") from None
+            raise UnsafePath(f"{target} is not writable ({exc.strerror} creating {directory}); "
+                             f"name a directory you can write") from None
+        os.chmod(directory, PRIVATE_DIR_MODE)  # a umask may take the owner's bits too
     check_private_dir(target)
     return target
+
+
+def hand_over(path: str | os.PathLike[str], uid: int, gid: int) -> None:
+    """Give `path` and everything below it to uid:gid, changing links themselves and never
+    descending through one: for a tree this process made (`sudo kvscope record` hands the run
+    to the user who ran sudo)."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for top, directories, names in os.walk(path):
+        for name in (*directories, *names):
+            os.chown(os.path.join(top, name), uid, gid, follow_symlinks=False)
 
 
 @contextmanager

@@ -8,8 +8,10 @@ each table's required columns as a pyarrow schema, checked against a parquet fil
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvscope.contract import files
+from kvscope.contract import files, jsonfiles
+from kvscope.contract.clock import MAX_OFFSET_NS
 
 SCHEMA_VERSION = 4
 # v2 adds to v1 only (tables io_histograms / io_totals, manifest sections server / recording,
@@ -36,6 +39,23 @@ REQUIRED_MANIFEST_KEYS = (
     "schema_version", "run_id", "created_at", "command", "model", "backend", "workload",
     "machine", "versions", "clock", "phases",
 )
+_OBJECT, _INTEGER = {"type": "object"}, {"type": "integer"}
+# The types readers rely on wherever a manifest has these fields (a run may come from another
+# host or another user): a field of another type makes the run unreadable, not a traceback.
+MANIFEST_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "schema_version": _INTEGER,
+        "clock": {"type": "object", "properties": {
+            "offset_ns": {"type": "integer", "minimum": -MAX_OFFSET_NS, "maximum": MAX_OFFSET_NS},
+            "uncertainty_ns": {"type": "integer", "minimum": 0}}},
+        "phases": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "kind": {"type": "string"}, "concurrency": _INTEGER,
+            "started_ns": _INTEGER, "ended_ns": _INTEGER, "vllm": _OBJECT}}},
+        **dict.fromkeys(("model", "backend", "workload", "machine", "versions", "server",
+                         "tracer", "disk_backend", "recording", "probes", "study"), _OBJECT),
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -106,8 +126,19 @@ def table_path(run: Path, name: str) -> Path:
 
 @contextmanager
 def _locked(run: Path) -> Iterator[None]:
-    """Serialise read-modify-write of shared files across the producer processes."""
-    with open(Path(run) / ".lock", "a+") as lock:
+    """Serialise read-modify-write of shared files across the producer processes. The lock
+    file is opened without following a link and without truncating: whatever was planted in
+    its place is refused, never written through."""
+    path = Path(run) / ".lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     files.PRIVATE_FILE_MODE)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunDirError(f"{path} is a symbolic link; kvscope opens no lock through a "
+                              "link: remove it after checking who planted it") from None
+        raise
+    with os.fdopen(fd, "r+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -116,12 +147,26 @@ def _locked(run: Path) -> Iterator[None]:
 
 
 def create(run: Path, manifest: dict[str, Any]) -> Path:
-    """Make a new run directory with its manifest; refuses to overwrite an existing run."""
+    """Make a new run directory (0700, with its spans/) holding its manifest. `run` must not
+    exist, or be an empty directory of this user (see contract.files: the invoking user under
+    sudo); a run, a file, a link or another user's directory there is refused in one line."""
     run = Path(run)
     if (run / MANIFEST).exists():
         raise RunDirError(f"{run} already holds a run; pick a new --out directory")
-    run.mkdir(parents=True, exist_ok=True)
-    (run / SPANS_DIR).mkdir(exist_ok=True)
+    try:
+        if os.path.lexists(run):
+            files.check_private_dir(run)
+            if any(os.scandir(run)):
+                raise RunDirError(f"{run} is not empty; pick a new --out directory (a run is "
+                                  "made in a new or empty directory)")
+        else:
+            files.private_dir(run)
+        os.mkdir(run / SPANS_DIR, files.PRIVATE_DIR_MODE)
+    except files.UnsafePath as e:
+        raise RunDirError(f"--out {e}") from None
+    except OSError as e:
+        raise RunDirError(f"--out {run}: {e.strerror} ({e.filename}); name a directory you can "
+                          "write") from None
     body = {"schema_version": SCHEMA_VERSION, **manifest}
     files.atomic_write(run / MANIFEST, json.dumps(body, indent=2))
     return run
@@ -135,6 +180,11 @@ def read_manifest(run: Path) -> dict[str, Any]:
         raise RunDirError(f"{run} is not a kvscope run directory: {MANIFEST} is missing") from None
     except json.JSONDecodeError as e:
         raise RunDirError(f"{path} is not valid JSON ({e}); the run was cut short") from None
+    except RecursionError:
+        raise RunDirError(f"{path} is nested too deeply to be a manifest") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"{path} holds a JSON {type(manifest).__name__}, not an object; it is "
+                          "not a kvscope manifest")
     version = manifest.get("schema_version")
     if version not in READABLE_VERSIONS:
         raise RunDirError(
@@ -205,18 +255,54 @@ def _fits(got: pa.DataType, want: pa.DataType) -> bool:
 
 
 def validate(run: Path) -> list[str]:
-    """Every way this directory breaks the schema, as readable lines (empty when it is valid).
-    Tables are checked by their parquet schemas alone: no data is read."""
+    """Every way this directory breaks the schema, as readable lines (empty when it is valid):
+    first what makes it unreadable (`unreadable`), then what it lacks."""
     run = Path(run)
+    problems = unreadable(run)
     try:
         manifest = read_manifest(run)
     except RunDirError as e:
-        return [str(e)]
-    problems = [f"{MANIFEST}: missing key {k}" for k in REQUIRED_MANIFEST_KEYS if k not in manifest]
+        return problems if (run / MANIFEST).exists() else [str(e), *problems]
+    problems += [f"{MANIFEST}: missing key {k}" for k in REQUIRED_MANIFEST_KEYS
+                 if k not in manifest]
     if not table_path(run, "requests").exists():
         problems.append(f"{TABLES['requests'].file} is missing")
-    for name in TABLES:
-        path = table_path(run, name)
-        if path.exists():
-            problems += schema_problems(name, pq.read_schema(path))
     return problems
+
+
+def unreadable(run: Path) -> list[str]:
+    """What no reader may use, one line each naming the file and the field: a manifest that
+    cannot be read or has a field of the wrong type or range (MANIFEST_SCHEMA), a table that
+    is not parquet or has a column of the wrong type. Tables are checked by their parquet
+    schemas alone: no data is read. A missing column or table is not here (readers do
+    without it)."""
+    run = Path(run)
+    problems = []
+    if (run / MANIFEST).exists():
+        try:
+            manifest = read_manifest(run)
+        except RunDirError as e:
+            problems.append(str(e))
+        else:
+            problems += [f"{MANIFEST}: {line}"
+                         for line in jsonfiles.shape_problems(manifest, MANIFEST_SCHEMA)]
+    for name, spec in TABLES.items():
+        path = table_path(run, name)
+        if not path.exists():
+            continue
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowException, OSError) as e:
+            problems.append(f"{spec.file}: not a readable parquet file ({e})")
+            continue
+        problems += [p for p in schema_problems(name, schema) if "missing column" not in p]
+    return problems
+
+
+def check_readable(run: Path) -> None:
+    """RunDirError naming the first of `unreadable(run)` (and how many more there are)."""
+    problems = unreadable(run)
+    if problems:
+        first = problems[0] if problems[0].startswith(str(run)) else f"{Path(run) / problems[0]}"
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise RunDirError(f"{first}{more}; the run cannot be read")

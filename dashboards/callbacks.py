@@ -90,16 +90,18 @@ def waterfall_of(runs: dict[str, RunData], key: str | None) -> dict:
     """The selected request's waterfall as figure JSON (no plotly objects on the click path).
 
     Raises:
+        BadKey: `key` is not a request key at all.
         KeyError: no loaded request has this key.
     """
     if not key:
         return figures.empty("no request selected").to_plotly_json()
+    data.parse_key(key)
     try:
         view = data.request_of(runs, key)
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise KeyError(f"no loaded request has the key {key!r}") from e
-    title = (f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
-             f"TTFT {view.row['ttft_ns'] / 1e6:.1f} ms")
+    title = figures.text(f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
+                         f"TTFT {view.row['ttft_ns'] / 1e6:.1f} ms")
     return timeline.waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
                               first_token_ns=view.first_token_ns, title=title)
 
@@ -115,10 +117,12 @@ def update_request_details(runs: dict[str, RunData], key: str | None,
 
 
 def serve_waterfall(runs: dict[str, RunData], key: str | None) -> flask.Response:
-    """`WATERFALL_ROUTE`'s answer: the figure JSON, or 404 for a key no loaded request has (the
-    key picks a request in memory, never a path)."""
+    """`WATERFALL_ROUTE`'s answer: the figure JSON, 400 for a value that is no request key,
+    404 for a key no loaded request has (the key picks a request in memory, never a path)."""
     try:
         fig = waterfall_of(runs, key)
+    except data.BadKey as e:
+        return flask.Response(str(e), status=400, mimetype="text/plain")
     except KeyError as e:
         return flask.Response(str(e.args[0]), status=404, mimetype="text/plain")
     return flask.Response(plotly.io.json.to_json_plotly(fig), mimetype="application/json")

@@ -76,8 +76,25 @@ def request_key(label: str, phase: str, request_id: str) -> str:
     return json.dumps([label, phase, request_id])
 
 
+MAX_KEY_CHARS = 4096  # a key is three short strings; a longer one is not one of ours
+
+
+class BadKey(ValueError):
+    """A value that is not a request key at all (not a JSON list of three strings)."""
+
+
 def parse_key(key: str) -> tuple[str, str, str]:
-    label, phase, request_id = json.loads(key)
+    """(label, phase, request_id) of a key made by `request_key`; BadKey for anything else
+    (keys arrive in URLs: any text, nested any depth)."""
+    if len(key) > MAX_KEY_CHARS:
+        raise BadKey(f"a request key is at most {MAX_KEY_CHARS} characters")
+    try:
+        parts = json.loads(key)
+    except (ValueError, RecursionError):
+        raise BadKey("a request key is a JSON list of three strings") from None
+    if not (isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)):
+        raise BadKey("a request key is a JSON list of three strings")
+    label, phase, request_id = parts
     return label, phase, request_id
 
 

@@ -1,15 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every OTEL_* / KVSCOPE_* value the tracer uses, parsed once per process, never raising.
 
-A bad value falls back to its default (or turns that exporter off) with one warning line naming
-the variable, the bad value, what is used instead and what to set, and is counted as a config
-error (`failsafe.counts()["config.<VARIABLE>"]`, in the stats and `manifest.tracer`). Parsing
+A bad value (unparsable, non-finite, or out of its range) falls back to its default (or turns
+that exporter off) with one warning line naming the variable, the bad value, what is used
+instead and what to set, and is counted as a config error (`failsafe.counts()["config.<VARIABLE>"]`, in the stats and `manifest.tracer`). Parsing
 happens at start-up (`tracer.vllm_plugin.register`) and again, from the cache, when the
 pipeline is built, so the line and the count appear once per process.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -18,10 +19,13 @@ from typing import Callable, Mapping
 
 from opentelemetry.sdk.trace import sampling
 
+from kvscope.contract import files
+from kvscope.contract.clock import plausible_offset
 from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope.tracer import failsafe
 
 FILE_FLUSH_MS = 200  # the files' schedule delay, and OTLP's unless OTEL_BSP_SCHEDULE_DELAY is set
+STATS_DIR = "stats"  # RUN/spans/stats/<prefix>-<pid>.json, never *.json in spans/ itself
 PROTOCOLS = ("grpc", "http/protobuf")
 SAMPLERS: dict[str, Callable[[float], sampling.Sampler]] = {
     "always_on": lambda _: sampling.ALWAYS_ON,
@@ -32,13 +36,19 @@ SAMPLERS: dict[str, Callable[[float], sampling.Sampler]] = {
     "parentbased_traceidratio": lambda r: sampling.ParentBased(sampling.TraceIdRatioBased(r)),
 }
 DEFAULT_SAMPLER = "parentbased_always_on"  # the SDK's default
-BSP = {  # variable -> (argument of BatchSpanProcessor, default: the SDK's, but the delay)
-    "OTEL_BSP_MAX_QUEUE_SIZE": ("max_queue_size", 2048),
-    "OTEL_BSP_SCHEDULE_DELAY": ("schedule_delay_millis", FILE_FLUSH_MS),
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": ("max_export_batch_size", 512),
-    "OTEL_BSP_EXPORT_TIMEOUT": ("export_timeout_millis", 30000),
+HOUR_MS = 3_600_000
+# variable -> (argument of BatchSpanProcessor, default: the SDK's but the delay, largest value).
+# The SDK takes any integer, but a queue of 10^20 spans fails to build (tracing off) and a
+# delay of 10^20 ms overflows its worker's wait (that exporter dead, silently); a queue of a
+# million spans or an hour's delay is past any use, so larger values fall back.
+BSP = {
+    "OTEL_BSP_MAX_QUEUE_SIZE": ("max_queue_size", 2048, 1 << 20),
+    "OTEL_BSP_SCHEDULE_DELAY": ("schedule_delay_millis", FILE_FLUSH_MS, HOUR_MS),
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": ("max_export_batch_size", 512, 1 << 20),
+    "OTEL_BSP_EXPORT_TIMEOUT": ("export_timeout_millis", 30000, HOUR_MS),
 }
 OTLP_TIMEOUT_S = 10.0  # the SDK's default (it reads OTEL_EXPORTER_OTLP_TIMEOUT as seconds)
+MAX_OTLP_TIMEOUT_S = HOUR_MS / 1000
 VARIABLES = (ENV_SPANS_DIR, ENV_CLOCK_OFFSET, "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
              "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT",
@@ -121,7 +131,8 @@ def _bad(variable: str, value: str, what: str, instead: str, to_set: str) -> Non
 
 
 def _parse(env: Mapping[str, str]) -> TracerConfig:
-    batch = {arg: _positive_int(env, name, default) for name, (arg, default) in BSP.items()}
+    batch = {arg: _positive_int(env, name, default, maximum)
+             for name, (arg, default, maximum) in BSP.items()}
     if batch["max_export_batch_size"] > batch["max_queue_size"]:
         _bad("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", str(batch["max_export_batch_size"]),
              f"larger than the queue (OTEL_BSP_MAX_QUEUE_SIZE={batch['max_queue_size']})",
@@ -134,7 +145,7 @@ def _parse(env: Mapping[str, str]) -> TracerConfig:
         service_name=env.get("OTEL_SERVICE_NAME") or None)
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
     value = env.get(name, "").strip()
     if not value:
         return default
@@ -142,26 +153,31 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
         number = int(value)
     except ValueError:
         number = 0
-    if number > 0:
+    if 0 < number <= maximum:
         return number
-    _bad(name, value, "not a positive integer", f"{default} (the default)", "a positive integer")
+    _bad(name, value, f"not an integer from 1 to {maximum}", f"{default} (the default)",
+         f"an integer from 1 to {maximum}")
     return default
 
 
 def _spans_dir(env: Mapping[str, str]) -> Path | None:
+    """The spans directory and its stats/ directory, made 0700 where missing, if both are
+    this user's own (contract.files: no other user can plant, swap or read what is written
+    there); else None with the one line saying what was found and what to do."""
     value = env.get(ENV_SPANS_DIR, "").strip()
     if not value:
         return None
     path = Path(value)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        why = "" if os.access(path, os.W_OK | os.X_OK) else " (no write permission)"
-    except OSError as e:
-        why = f" ({e.strerror})"
+        files.private_dir(path)
+        files.private_dir(path / STATS_DIR)
+        why = "" if os.access(path, os.W_OK | os.X_OK) else "not writable by this process"
+    except files.UnsafePath as e:
+        why = f"refused: {e}"
     if not why:
         return path
-    _bad(ENV_SPANS_DIR, value, f"not a writable directory{why}",
-         "no span files (file export off)", "a directory this process can write")
+    _bad(ENV_SPANS_DIR, value, why, "no span files (file export off; serving goes on)",
+         "a directory of this process's user that no other user can write")
     return None
 
 
@@ -205,14 +221,14 @@ def _timeout(env: Mapping[str, str]) -> float | None:
         if not value:
             continue
         number = _float(value)
-        if number is not None and number > 0:
+        if number is not None and 0 < number <= MAX_OTLP_TIMEOUT_S:
             return number
+        what = f"not a number of seconds above 0 and at most {MAX_OTLP_TIMEOUT_S:g}"
         if name == specific:
-            _bad(name, value, "not a positive number of seconds",
-                 "no OTLP export (the OTLP exporter reads it itself)", "a number of seconds")
+            _bad(name, value, what, "no OTLP export (the OTLP exporter reads it itself)",
+                 "a number of seconds")
             return None
-        _bad(name, value, "not a positive number of seconds", f"{OTLP_TIMEOUT_S:g} s",
-             "a number of seconds")
+        _bad(name, value, what, f"{OTLP_TIMEOUT_S:g} s", "a number of seconds")
         return OTLP_TIMEOUT_S
     return OTLP_TIMEOUT_S
 
@@ -238,17 +254,21 @@ def _offset(env: Mapping[str, str]) -> int | None:
     if not value:
         return None
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        _bad(ENV_CLOCK_OFFSET, value, "not an integer number of ns",
-             "an offset measured in this process (its spans may not line up with the probes' "
-             "events to the ns)", "the run's offset (manifest.clock.offset_ns)")
-        return None
+        number = None
+    if number is not None and plausible_offset(number):
+        return number
+    _bad(ENV_CLOCK_OFFSET, value, "not an integer number of ns within 2^62 of zero",
+         "an offset measured in this process (its spans may not line up with the probes' "
+         "events to the ns)", "the run's offset (manifest.clock.offset_ns)")
+    return None
 
 
 def _float(value: str) -> float | None:
+    """A finite number, else None (NaN and infinities are no setting)."""
     try:
         number = float(value)
     except ValueError:
         return None
-    return number if number == number else None  # NaN is no number
+    return number if math.isfinite(number) else None

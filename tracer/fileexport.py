@@ -101,7 +101,8 @@ def _flags(parent: SpanContext | None) -> int:
 
 
 class OtlpJsonFileExporter(SpanExporter):
-    """Writes `<prefix>-<pid>-<n>.json` per export call into `directory`."""
+    """Writes `<prefix>-<pid>-<n>.json` per export call into `directory`, made or checked
+    private (contract.files) before each write: one that fails the rule fails the export."""
 
     def __init__(self, directory: str | os.PathLike, prefix: str) -> None:
         self.directory = Path(directory)
@@ -112,7 +113,7 @@ class OtlpJsonFileExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         name = f"{self.prefix}-{os.getpid()}-{next(self._sequence):05d}.json"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        files.private_dir(self.directory)
         files.atomic_write(self.directory / name, span_file(spans))
         return SpanExportResult.SUCCESS
 

@@ -57,6 +57,7 @@ READ_BYTES = (f"{PREFIX}storage_read_bytes", "KV bytes read from storage for tra
 REFUSED = (f"{PREFIX}disk_backend_refused_chunks", "Chunks the kvscope disk backend refused to "
            "serve (served as misses), by reason")
 BackendStats = Callable[[], list[dict[str, Any]]]
+SNAPSHOT_MAX_BYTES = 1 << 20  # a process's histograms and backend counters: a few KB
 
 _multiprocess_at_start: bool | None = None
 
@@ -70,12 +71,19 @@ def multiprocess_mode() -> bool:
     return _multiprocess_at_start
 
 
-def metrics_dir() -> Path:
-    """This server's shared snapshot directory: the one its top process made, or a new one."""
+def metrics_dir() -> Path | None:
+    """This server's shared snapshot directory: the one its top process made, or a new one;
+    None (counted and said in one line: this process's metrics are off) when the directory
+    the environment names is not private to this user (contract.files)."""
     value = os.environ.get(ENV_METRICS_DIR)
     path = Path(value) if value else _new_metrics_dir()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    try:
+        return files.private_dir(path)
+    except files.UnsafePath as e:
+        failsafe.count(failsafe.CONFIG + ENV_METRICS_DIR, e, fix="kvscope's stage metrics are "
+                       f"off in this process (its spans are still exported); unset "
+                       f"{ENV_METRICS_DIR} (the API server makes a private one)")
+        return None
 
 
 def _new_metrics_dir() -> Path:
@@ -87,11 +95,13 @@ def _new_metrics_dir() -> Path:
     return Path(value)
 
 
-def stage_metrics(backend_stats: BackendStats) -> "StageMetrics":
-    """This process's span processor, recording the way vLLM serves /metrics here."""
+def stage_metrics(backend_stats: BackendStats) -> "StageMetrics | None":
+    """This process's span processor, recording the way vLLM serves /metrics here (None: off,
+    see `metrics_dir`)."""
     if multiprocess_mode():
         return StageMetrics(MultiprocessFiles(backend_stats))
-    return StageMetrics(SnapshotFile(metrics_dir(), backend_stats))
+    directory = metrics_dir()
+    return None if directory is None else StageMetrics(SnapshotFile(directory, backend_stats))
 
 
 class StageMetrics(SpanProcessor):
@@ -269,9 +279,11 @@ class SnapshotCollector:
     def _snapshots(self) -> Iterator[dict[str, Any]]:
         for path in self.directory.glob("*.json"):
             try:
-                yield json.loads(path.read_text())
+                snapshot = json.loads(files.read_bytes(path, SNAPSHOT_MAX_BYTES))
             except (OSError, ValueError):
-                continue  # being replaced; the next scrape reads it
+                continue  # replaced meanwhile (or not ours: UnsafePath); the next scrape reads it
+            if isinstance(snapshot, dict):
+                yield snapshot
 
 
 def _merged_histograms(snapshots: list[dict[str, Any]]) -> dict[str, list[float]]:

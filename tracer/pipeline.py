@@ -38,7 +38,7 @@ from kvscope.tracer.fileexport import OtlpJsonFileExporter
 logger = logging.getLogger(__name__)
 
 FILE_FLUSH_MS = config.FILE_FLUSH_MS  # a killed worker loses at most this much of its spans
-STATS_DIR = "stats"  # RUN/spans/stats/<prefix>-<pid>.json, never *.json in spans/ itself
+STATS_DIR = config.STATS_DIR
 DISK_HOOKS = "kvscope.patched_backend.parallel_disk.hooks"  # kvscope's disk backend, if this process has it
 SHUTDOWN_WAIT_S = 3.0  # vLLM SIGKILLs a worker 4 s after SIGTERM: flush, count, write before
 EXIT_PRIORITY = 100  # multiprocessing finalizers with higher priority run first
@@ -89,6 +89,25 @@ class Counters:
 
 TOTALS = {"spans_dropped": "dropped", "export_failures": "export_failures",
           "failed_spans": "failed", "spans_lost": "lost"}
+_COUNT = {"type": "integer", "minimum": 0}
+_COUNTS_BY_NAME = {"type": "object", "additionalProperties": _COUNT}
+# What a stats file holds, for its readers (tracer/run.py): they sum it into manifest.tracer,
+# so a file of another shape (written by something else) is refused, not summed.
+STATS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "exporters": {"type": "array", "items": {"type": "string"}},
+        "spans_ended": _COUNT,
+        "by_exporter": {"type": "object", "additionalProperties": {
+            "type": "object", "properties": dict.fromkeys(
+                ("accepted", "dropped", "exported", "failed", "export_failures", "lost",
+                 "pending"), {"type": "integer"})}},
+        "hook_errors": _COUNTS_BY_NAME,
+        "config_errors": _COUNTS_BY_NAME,
+        "closed": {"type": "boolean"},
+    },
+}
+STATS_MAX_BYTES = 1 << 20  # a process's counters are a few hundred bytes
 
 
 class CountingExporter(SpanExporter):
@@ -188,7 +207,8 @@ class _EndCounter(SpanProcessor):
 
 
 class StatsFile:
-    """RUN/spans/stats/<prefix>-<pid>.json, replaced whole (several exporter threads write)."""
+    """RUN/spans/stats/<prefix>-<pid>.json, replaced whole (several exporter threads write), in
+    a directory made or checked private (contract.files) before each write."""
 
     def __init__(self, spans_dir: Path, prefix: str) -> None:
         self.path = spans_dir / STATS_DIR / f"{prefix}-{os.getpid()}.json"
@@ -197,10 +217,10 @@ class StatsFile:
     def write(self, stats: Mapping[str, Any]) -> None:
         with self._lock:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                files.private_dir(self.path.parent)
                 files.atomic_write(self.path, json.dumps(
                     {**stats, "pid": os.getpid(), **failsafe_stats()}))
-            except OSError as e:
+            except (OSError, files.UnsafePath) as e:
                 logger.warning("kvscope tracer: cannot write %s: %s", self.path, e)
 
 

@@ -11,13 +11,12 @@ spans_ended == exported + failed + dropped + lost.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from kvscope.contract import rundir
+from kvscope.contract import jsonfiles, rundir
 from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR, ENV_TRACING
 from kvscope.tracer import pipeline
 from kvscope.tracer.client import ClientTracer
@@ -75,7 +74,10 @@ def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
                              "spans_exported": {}, "by_exporter": {}, "processes": 0,
                              **{key: 0 for key in pipeline.TOTALS}, "hook_errors": {},
                              "config_errors": {}}
-    for stats in read_stats(spans_dir):
+    every, refused = stats_files(spans_dir)
+    if refused:
+        total["stats_files_refused"] = refused
+    for stats in every:
         total["processes"] += 1
         total["exporters"] = sorted(set(total["exporters"]) | set(stats.get("exporters", ())))
         total["spans_ended"] += int(stats.get("spans_ended", 0))
@@ -89,13 +91,14 @@ def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
 
 def read_stats(spans_dir: Path) -> list[dict[str, Any]]:
     """Every process's last written stats (one being replaced right now is skipped)."""
-    out = []
-    for path in sorted((spans_dir / pipeline.STATS_DIR).glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # the next summary counts it
-    return out
+    return stats_files(spans_dir)[0]
+
+
+def stats_files(spans_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """(every process's last written stats, one line per file refused: not a regular file of
+    ours, over its size cap, or not of pipeline.STATS_SCHEMA's shape)."""
+    return jsonfiles.read_json_files(sorted((spans_dir / pipeline.STATS_DIR).glob("*.json")),
+                                     pipeline.STATS_MAX_BYTES, pipeline.STATS_SCHEMA)
 
 
 def _add_exporter_counts(total: dict[str, Any], name: str, counts: dict[str, Any],

@@ -51,8 +51,9 @@ def get(service_name: str = "kvscope-vllm", prefix: str = "vllm") -> "Runtime | 
 def _build(service_name: str, prefix: str) -> "Runtime | None":
     try:
         pipe = pipeline.build(service_name, prefix)
-        pipe.provider.add_span_processor(  # stage histograms for vLLM's /metrics
-            metrics.stage_metrics(pipeline.disk_backend_stats))
+        stages = metrics.stage_metrics(pipeline.disk_backend_stats)
+        if stages is not None:  # stage histograms for vLLM's /metrics
+            pipe.provider.add_span_processor(stages)
         runtime = Runtime(pipe, clock_offset_ns())
     except Exception as e:
         failsafe.count(BUILD, e, fix=BUILD_FIX)

@@ -16,10 +16,12 @@ from urllib.parse import urlparse
 import psutil
 import yaml
 
+from kvscope.contract import files
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR
 from kvscope.contract.env import ENV_SPANS_DIR, ENV_TRACING
 
 LMCACHE_CONFIG_VARIABLE = "LMCACHE_CONFIG_FILE"
+LMCACHE_CONFIG_MAX_BYTES = 1 << 20  # LMCache's YAML is a few dozen lines
 
 
 class ServerNotFound(ValueError):
@@ -28,12 +30,19 @@ class ServerNotFound(ValueError):
 
 @dataclass(frozen=True)
 class ServingProcesses:
-    """The API server's pid, every pid of its tree, and the API server's environment."""
+    """The API server's pid, every pid of its tree, the API server's environment, and the
+    user it runs as (`uid`: the only owner whose files a recording takes from the server)."""
 
     api_pid: int
     pids: tuple[int, ...]
     environ: dict[str, str]
     cmdline: tuple[str, ...]
+    uid: int
+
+    @property
+    def owners(self) -> frozenset[int]:
+        """Who may own the directories a recording reads from this server: its user, root."""
+        return frozenset({self.uid, 0})
 
     @property
     def spans_dir(self) -> Path | None:
@@ -61,13 +70,14 @@ def find(pid: int | None = None, url: str | None = None) -> ServingProcesses:
         tree = [api, *api.children(recursive=True)]
         environ = api.environ()
         cmdline = api.cmdline()
+        uid = api.uids().effective
     except psutil.NoSuchProcess:
         raise ServerNotFound(f"pid {pid}: no such process; pass the vLLM API server's pid") \
             from None
     except psutil.AccessDenied:
         raise ServerNotFound(f"pid {pid}: not allowed to read its environment; run kvscope "
                              "record as the server's user or as root") from None
-    return ServingProcesses(pid, tuple(p.pid for p in tree), environ, tuple(cmdline))
+    return ServingProcesses(pid, tuple(p.pid for p in tree), environ, tuple(cmdline), uid)
 
 
 def listening_pid(url: str) -> int:
@@ -89,20 +99,39 @@ def listening_pid(url: str) -> int:
     return pids.pop()
 
 
-def lmcache_disk_paths(environ: dict[str, str]) -> list[Path]:
+def lmcache_disk_paths(server: ServingProcesses, notes: list[str]) -> list[Path]:
     """The directories LMCache's disk tiers use, from the config file the server loaded
     (LMCACHE_CONFIG_FILE) or LMCache's environment variables: stock `local_disk` and kvscope's
-    `kvscope.path`."""
-    config: dict[str, Any] = {}
-    path = environ.get(LMCACHE_CONFIG_VARIABLE)
-    if path:
-        try:
-            config = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            config = {}
-    local_disk = config.get("local_disk") or environ.get("LMCACHE_LOCAL_DISK")
-    extra = config.get("extra_config") or {}
-    found = [str(local_disk).removeprefix("file://")] if local_disk else []
-    if extra.get("kvscope.path"):
-        found.append(str(extra["kvscope.path"]))
-    return [Path(p) for p in found]
+    `kvscope.path`. The file is read as root may read what the server's user controls: a
+    regular file of that user (or root), capped, and only the fields of the types LMCache
+    takes; anything else adds a line to `notes` and is left out."""
+    config = _lmcache_config(server, notes)
+    local_disk = config.get("local_disk") or server.environ.get("LMCACHE_LOCAL_DISK")
+    extra = config.get("extra_config")
+    found = [local_disk.removeprefix("file://")] if isinstance(local_disk, str) else []
+    if isinstance(extra, dict) and isinstance(extra.get("kvscope.path"), str):
+        found.append(extra["kvscope.path"])
+    return [Path(p) for p in found if p]
+
+
+def _lmcache_config(server: ServingProcesses, notes: list[str]) -> dict[str, Any]:
+    path = server.environ.get(LMCACHE_CONFIG_VARIABLE)
+    if not path:
+        return {}
+    fix = "its KV directories are not probed unless given with --kv-dir"
+    try:
+        config = yaml.safe_load(files.read_bytes(path, LMCACHE_CONFIG_MAX_BYTES, server.owners))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError) as e:  # UnsafePath too
+        notes.append(f"{LMCACHE_CONFIG_VARIABLE} {path}: not read ({_one_line(e)}); {fix}")
+        return {}
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        notes.append(f"{LMCACHE_CONFIG_VARIABLE} {path}: holds a YAML "
+                     f"{type(config).__name__}, not a mapping; {fix}")
+        return {}
+    return config
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())

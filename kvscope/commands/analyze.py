@@ -19,10 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.analysis import outputs, report
+    from kvscope.contract.rundir import RunDirError
 
     try:
         attribution, summary = outputs.analyze(args.run, plots=not args.no_plots)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, RunDirError) as e:
         print(f"kvscope analyze: {e}", file=sys.stderr)
         return 2
     r = summary["requests"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -17,7 +18,8 @@ then: kvscope analyze runs/prod
 The server traces itself (KVSCOPE_TRACING=1 in its environment) into KVSCOPE_SPANS_DIR, whose
 files written during the recording are copied into RUN/spans, or to an OTLP endpoint, which
 --otlp-listen provides. Probes (root only) run on the server's whole process tree and on the
-disks of its LMCache paths.
+disks of its LMCache paths. RUN must not exist (or be an empty directory of yours); it is made
+0700, and under sudo it is handed to the user who ran sudo when the recording ends.
 """
 
 
@@ -46,9 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvscope.contract import rundir
+    from kvscope.contract import files, rundir
     from kvscope.capture.record import recording, server_processes
 
+    made = files.missing_parts(args.out)
+    fresh = not (args.out / rundir.MANIFEST).exists()  # a run found there is never handed over
     try:
         server = server_processes.find(args.pid, args.url)
         url = args.url or _url_from_cmdline(server.cmdline)
@@ -67,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if fresh:
+                _hand_to_sudo_user(args.out, made)
     except (server_processes.ServerNotFound, rundir.RunDirError, ValueError) as e:
         print(f"kvscope record: {e}", file=sys.stderr)
         return 2
@@ -75,6 +81,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"kvscope record: {done.span_files} span files in {done.run}; next: "
           f"kvscope analyze {done.run}")
     return 0
+
+
+def _hand_to_sudo_user(out: Path, made: list[Path]) -> None:
+    """Under sudo, the run (and the directories made for it) to the user who ran sudo, so that
+    their `kvscope analyze RUN` can read and write it."""
+    from kvscope.contract import files, rundir
+
+    invoker = files.sudo_invoker()
+    if invoker is None or not (out / rundir.MANIFEST).exists():
+        return
+    for directory in made[:-1]:  # the parents made for the run: themselves only
+        os.chown(directory, *invoker, follow_symlinks=False)
+    files.hand_over(out, *invoker)
+    print(f"kvscope record: {out} handed to uid {invoker[0]} (who ran sudo)", file=sys.stderr)
 
 
 def _url_from_cmdline(cmdline: tuple[str, ...]) -> str:

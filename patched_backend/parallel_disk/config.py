@@ -2,12 +2,13 @@
 """The backend's knobs, read from LMCache's ``extra_config`` under the ``kvscope.`` prefix.
 
 Kept apart from the backend so a bad value fails with a message naming the key before any
-thread or file is created.
+thread or file is created. Every number must be finite and within its range (``RANGES``).
 """
 
 # Standard
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
+import math
 import os
 import re
 
@@ -29,6 +30,23 @@ DEFAULT_READ_TIMEOUT_S = 60.0
 # Memory held by queued writes, capped at half of LMCache's CPU pool.
 DEFAULT_WRITE_QUEUE_BYTES = 1 << 30
 
+# Inclusive range of every numeric knob. The upper bounds are far past any real use; a value
+# beyond them is a typo that would overflow a wait (``read_timeout_s: inf`` raised
+# OverflowError into LMCache on every get), allocate or spawn without bound, or stall every
+# read, so the backend refuses to start instead.
+RANGES: dict[str, tuple[float, float]] = {
+    "capacity": (1, 1 << 60),
+    "read_unit": (1, 1 << 30),  # and a multiple of ALIGN
+    "queue_depth": (1, 1024),
+    "max_inflight_bytes": (1, 1 << 40),  # and at least read_unit
+    "read_delay_ms": (0.0, 60_000.0),
+    "write_threads": (1, 256),
+    "prefetch_bytes": (1, 1 << 50),
+    "prefetch_timeout_s": (0.001, 3600.0),
+    "read_timeout_s": (0.001, 3600.0),
+    "write_queue_bytes": (1, 1 << 50),
+}
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "kib": 1 << 10,
@@ -41,7 +59,7 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 def parse_size(key: str, value: Any) -> int:
     """Bytes from an int or a string such as ``"4MiB"`` / ``"20GB"``; ValueError names the key."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
         raise ValueError(f"{key}: {value!r} is not a size; use bytes or e.g. '4MiB', '20GB'")
     if isinstance(value, (int, float)):
         return int(value)
@@ -53,6 +71,34 @@ def parse_size(key: str, value: Any) -> int:
             f"(KiB, MiB, GiB, KB, MB, GB), e.g. '4MiB' or '20GB'"
         )
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_number(key: str, value: Any, cast: type) -> Any:
+    """`value` as an int (`cast` int: no fraction dropped) or a finite float; ValueError names
+    the key."""
+    kind = "an integer" if cast is int else "a finite number"
+    try:
+        if isinstance(value, bool) or (cast is int and isinstance(value, float)
+                                       and not value.is_integer()):
+            raise ValueError
+        number = cast(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{key}: {value!r} is not {kind}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{key}: {value!r} is not {kind}")
+    return number
+
+
+def check_range(key: str, name: str, value: float) -> None:
+    """ValueError naming `key` unless `value` is within RANGES[name]."""
+    low, high = RANGES[name]
+    if not low <= value <= high:
+        raise ValueError(f"{key}: {value!r} is out of range; use a value from {_plain(low)} "
+                         f"to {_plain(high)}")
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
 def _parse_bool(key: str, value: Any) -> bool:
@@ -92,6 +138,8 @@ class DiskConfig:
     write_only: bool = False
 
     def __post_init__(self) -> None:
+        for name in RANGES:
+            check_range(PREFIX + name, name, getattr(self, name))
         if self.mode not in MODES:
             raise ValueError(f"{PREFIX}mode: {self.mode!r} is not one of {', '.join(MODES)}")
         if self.read_unit <= 0 or self.read_unit % ALIGN:
@@ -99,35 +147,17 @@ class DiskConfig:
                 f"{PREFIX}read_unit: {self.read_unit} must be a positive multiple of {ALIGN} "
                 "bytes (O_DIRECT alignment), e.g. '4MiB'"
             )
-        if self.queue_depth < 1:
-            raise ValueError(f"{PREFIX}queue_depth: {self.queue_depth} must be >= 1")
         if self.max_inflight_bytes < self.read_unit:
             raise ValueError(
                 f"{PREFIX}max_inflight_bytes: {self.max_inflight_bytes} must be >= "
                 f"{PREFIX}read_unit ({self.read_unit})"
             )
-        if self.capacity <= 0:
-            raise ValueError(f"{PREFIX}capacity: {self.capacity} must be > 0 bytes")
-        if self.read_delay_ms < 0:
-            raise ValueError(f"{PREFIX}read_delay_ms: {self.read_delay_ms} must be >= 0")
-        if self.write_threads < 1:
-            raise ValueError(f"{PREFIX}write_threads: {self.write_threads} must be >= 1")
         if self.prefetch_on_lookup and self.write_only:
             raise ValueError(f"{PREFIX}prefetch_on_lookup: a {PREFIX}write_only tier serves no "
                              "lookups, so it reads nothing ahead")
         if self.prefetch_on_lookup and self.mode == "serial":
             raise ValueError(f"{PREFIX}prefetch_on_lookup: reads ahead need {PREFIX}mode "
                              "'parallel'; serial mode reads one chunk at a time")
-        if self.prefetch_bytes <= 0:
-            raise ValueError(f"{PREFIX}prefetch_bytes: {self.prefetch_bytes} must be > 0 bytes")
-        if self.prefetch_timeout_s <= 0:
-            raise ValueError(
-                f"{PREFIX}prefetch_timeout_s: {self.prefetch_timeout_s} must be > 0 seconds")
-        if self.read_timeout_s <= 0:
-            raise ValueError(f"{PREFIX}read_timeout_s: {self.read_timeout_s} must be > 0 seconds")
-        if self.write_queue_bytes <= 0:
-            raise ValueError(
-                f"{PREFIX}write_queue_bytes: {self.write_queue_bytes} must be > 0 bytes")
 
     @property
     def effective_queue_depth(self) -> int:
@@ -169,12 +199,7 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         return parse_size(PREFIX + name, extra.get(PREFIX + name, default))
 
     def number(name: str, default: float, cast: type) -> Any:
-        value = extra.get(PREFIX + name, default)
-        try:
-            return cast(value)
-        except (TypeError, ValueError):
-            kind = "an integer" if cast is int else "a number"
-            raise ValueError(f"{PREFIX}{name}: {value!r} is not {kind}") from None
+        return parse_number(PREFIX + name, extra.get(PREFIX + name, default), cast)
 
     mode = str(extra.get(PREFIX + "mode", "parallel"))
     write_only = _parse_bool(PREFIX + "write_only", extra.get(PREFIX + "write_only", False))
@@ -187,7 +212,7 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         max_inflight_bytes=size("max_inflight_bytes", DEFAULT_MAX_INFLIGHT_BYTES),
         verify_checksum=_parse_bool(PREFIX + "verify_checksum", extra.get(PREFIX + "verify_checksum", True)),
         odirect=_parse_bool(PREFIX + "odirect", extra.get(PREFIX + "odirect", True)),
-        read_delay_ms=number("read_delay_ms", float(os.environ.get(DELAY_ENV, 0.0)), float),
+        read_delay_ms=_read_delay_ms(extra),
         write_threads=number("write_threads", 1, int),
         hugepages=_parse_bool(PREFIX + "hugepages", extra.get(PREFIX + "hugepages", True)),
         prefetch_on_lookup=_parse_bool(PREFIX + "prefetch_on_lookup",
@@ -199,3 +224,13 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         write_queue_bytes=size("write_queue_bytes", DEFAULT_WRITE_QUEUE_BYTES),
         write_only=write_only,
     )
+
+
+def _read_delay_ms(extra: Mapping[str, Any]) -> float:
+    """``kvscope.read_delay_ms``, else the server's KVSCOPE_READ_DELAY_MS (read only then, and
+    named when it is bad), else 0."""
+    if PREFIX + "read_delay_ms" in extra:
+        return parse_number(PREFIX + "read_delay_ms", extra[PREFIX + "read_delay_ms"], float)
+    delay = parse_number(DELAY_ENV, os.environ.get(DELAY_ENV, "0"), float)
+    check_range(DELAY_ENV, "read_delay_ms", delay)
+    return delay

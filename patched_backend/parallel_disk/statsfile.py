@@ -5,11 +5,15 @@ With ``KVSCOPE_BACKEND_STATS_DIR`` set (``kvscope run`` sets ``RUN/backend``), e
 holds a kvscope disk backend rewrites ``<dir>/<pid>.json`` with its backends' counters every
 ``INTERVAL_S`` while one is open and once more as each closes; the driver sums them into
 ``manifest.disk_backend`` at the end of each phase (``totals``, ``wait_for_update``).
+The directory must be private to the server's user (``kvscope.contract.files``): one that is
+not gets no files, with one log line saying why, and the backend serves on. Readers (the
+driver, and ``kvscope record`` reading a server's files as root) read each file capped, not
+through a link, and sum only files of the shape written here.
 """
 
 # Standard
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 import json
 import logging
 import os
@@ -17,12 +21,26 @@ import threading
 import time
 
 # First Party
-from kvscope.contract import files
+from kvscope.contract import files, jsonfiles
 from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR
 from kvscope.patched_backend.parallel_disk import hooks
 
 INTERVAL_S = 0.5
+MAX_FILE_BYTES = 1 << 20  # a process's counters: a few hundred bytes per backend
+_COUNT = {"type": "integer", "minimum": 0}
+FILE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "pid": {"type": "integer"},
+        "written_ns": {"type": "integer"},
+        "backends": {"type": "array", "items": {
+            "type": "object",
+            "properties": {**dict.fromkeys(DISK_BACKEND_COUNTERS, _COUNT),
+                           CORRUPT_BY_REASON: {"type": "object", "additionalProperties": _COUNT}},
+        }},
+    },
+}
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 
@@ -57,7 +75,13 @@ def opened() -> None:
     with _lock:
         writer = _writers.get(os.getpid())
         if writer is None or writer.stopped.is_set():
-            target.mkdir(parents=True, exist_ok=True)
+            try:
+                files.private_dir(target)
+            except files.UnsafePath as e:
+                logger.warning("kvscope disk: backend counters are not written (%s); the "
+                               "backend serves on; unset %s or name a directory of this user",
+                               e, ENV_BACKEND_STATS_DIR)
+                return
             writer = _writers[os.getpid()] = _Writer(target)
         writer.open += 1
     write(target)
@@ -85,20 +109,25 @@ def write(target: Path) -> None:
         logger.warning("kvscope disk: backend counters not written to %s", target, exc_info=True)
 
 
-def _read(target: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(target.glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # being replaced: the next read has it
-    return out
+def read_files(target: Path, owners: Optional[Iterable[int]] = None
+               ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(every process's file of FILE_SCHEMA's shape, one line per file refused), read as
+    ``contract.jsonfiles`` reads: regular files of `owners` (default this user or root), at
+    most MAX_FILE_BYTES."""
+    return jsonfiles.read_json_files(sorted(target.glob("*.json")), MAX_FILE_BYTES, FILE_SCHEMA,
+                                     owners)
 
 
 def totals(target: Path) -> dict[str, Any]:
-    """Every backend's counters summed over every process's file ({} when none wrote)."""
+    """Every backend's counters summed over every process's file ({} when none wrote); files
+    refused by ``read_files`` are left out (``read_files`` names them)."""
+    return sum_files(read_files(target)[0])
+
+
+def sum_files(processes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every backend's counters summed over processes' files as ``read_files`` gives them."""
     total: dict[str, Any] = {}
-    for process in _read(target):
+    for process in processes:
         for backend in process.get("backends", ()):
             for name in DISK_BACKEND_COUNTERS:
                 total[name] = total.get(name, 0) + int(backend.get(name, 0))
@@ -113,7 +142,7 @@ def wait_for_update(target: Path, since_ns: int, timeout_s: float = 4 * INTERVAL
     one was not within `timeout_s` (its process stopped: its last counters stand)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if all(p.get("written_ns", 0) >= since_ns for p in _read(target)):
+        if all(p.get("written_ns", 0) >= since_ns for p in read_files(target)[0]):
             return True
         if time.monotonic() > deadline:
             return False

@@ -150,3 +150,49 @@ def test_base64_ids_and_spans_without_request_id_still_join(run_copy):
     assert run.spans["trace_id"].str.fullmatch("[0-9a-f]{32}").all()
     truth = synthetic.expected(run_copy)
     assert (frame["prefill_ns"].astype("int64") == truth["prefill_ns"]).all()
+
+
+def _manifest_with(path: Path, **changes) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        into = manifest
+        for key in parents:
+            into = into[key]
+        into[last] = value
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _retyped(path: Path, column: str, dtype) -> None:
+    table = pd.read_parquet(path / "requests.parquet")
+    table[column] = table[column].astype(dtype)
+    table.to_parquet(path / "requests.parquet", index=False)
+
+
+@pytest.mark.parametrize(("tamper", "named"), [
+    pytest.param(lambda p: (p / "manifest.json").write_text("[4]"),
+                 "manifest.json holds a JSON list, not an object", id="manifest-a-list"),
+    pytest.param(lambda p: _manifest_with(p, clock__offset_ns=1e30),
+                 "manifest.json: field clock.offset_ns: 1e+30", id="offset-1e30"),
+    pytest.param(lambda p: _manifest_with(p, clock=[1]),
+                 "manifest.json: field clock: [1] is not of type 'object'", id="clock-a-list"),
+    pytest.param(lambda p: _manifest_with(p, phases="all"),
+                 "manifest.json: field phases: 'all' is not of type 'array'", id="phases-text"),
+    pytest.param(lambda p: (p / "requests.parquet").write_bytes(b"PAR1garbagePAR1"),
+                 "requests.parquet: not a readable parquet file", id="garbage-parquet"),
+    pytest.param(lambda p: _retyped(p, "ttft_s", str),
+                 "requests.parquet: column ttft_s is large_string, expected double",
+                 id="wrong-column-type"),
+    pytest.param(lambda p: (p / "manifest.json").write_text("[" * 100_000 + "]" * 100_000),
+                 "manifest.json is nested too deeply", id="manifest-deep"),
+])
+def test_a_tampered_run_is_refused_in_one_line_naming_file_and_field(run_copy, capsys, tamper,
+                                                                     named):
+    """Issue 19: each of these was a traceback (or, for column types, a table used anyway)."""
+    from kvscope.cli import main
+
+    tamper(run_copy)
+    assert main(["analyze", str(run_copy), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err and str(run_copy) in err, err
+    assert not (run_copy / "summary.json").exists()

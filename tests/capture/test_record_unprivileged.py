@@ -44,30 +44,36 @@ def _as_nobody(argv: list[str], **kwargs) -> subprocess.Popen:
 
 
 @pytest.fixture
-def shared_dir():
-    path = Path(tempfile.mkdtemp(prefix="kvscope-unprivileged-"))
-    path.chmod(0o777)
+def home():
+    """A home directory of `nobody` (0700) under a root-owned 0755 directory."""
+    base = Path(tempfile.mkdtemp(prefix="kvscope-unprivileged-"))
+    base.chmod(0o755)
+    path = base / "home"
+    path.mkdir(mode=0o700)
+    os.chown(path, NOBODY, NOBODY)
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(base, ignore_errors=True)
 
 
-def test_record_without_root_writes_a_valid_run_and_says_why_probes_are_missing(shared_dir):
-    spans = shared_dir / "spans"
-    spans.mkdir(mode=0o777)
-    spans.chmod(0o777)
+def test_record_without_root_writes_a_valid_run_and_says_why_probes_are_missing(home):
+    spans = home / "spans"  # the server's, private to its user (contract.files)
+    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                    "mkdir", "-m", "700", str(spans)], check=True)
     port = free_tcp_port()
     env = {**os.environ, "KVSCOPE_TRACING": "1", "KVSCOPE_SPANS_DIR": str(spans),
-           "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(shared_dir)}
+           "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(home)}
     server = _as_nobody([sys.executable, "-c", STANDIN, str(port)], env=env)
     try:
         time.sleep(1.0)
-        run = shared_dir / "run"
+        run = home / "run"
         recorder = _as_nobody([sys.executable, "-m", "kvscope.cli", "record", "--pid",
                                str(server.pid), "--url", f"http://127.0.0.1:{port}", "--out",
                                str(run), "--duration", "3"], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         seen = read_until(recorder, "kvscope record: recording")  # files from now on count
-        (spans / "vllm-1-00000.json").write_text(json.dumps({"resourceSpans": []}))
+        _as_nobody([sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2])",
+                    str(spans / "vllm-1-00000.json"), json.dumps({"resourceSpans": []})],
+                   env=env).wait()
         out, rest = recorder.communicate(timeout=120)
         err = "".join(seen) + rest
     finally:

@@ -19,14 +19,14 @@ def test_private_dir_creates_every_missing_part_0700(shared_tmp):
 
 def test_a_directory_planted_by_another_user_is_refused(shared_tmp, as_nobody):
     as_nobody("mkdir", "-m", "700", str(shared_tmp / "kvscope-spans"))
-    with pytest.raises(UnsafePath, match="owned by another user.*uid 65534"):
+    with pytest.raises(UnsafePath, match="owned by uid 65534, another user"):
         files.private_dir(shared_tmp / "kvscope-spans")
 
 
 def test_a_world_writable_directory_of_ours_is_refused(shared_tmp):
     (shared_tmp / "open").mkdir()
     os.chmod(shared_tmp / "open", 0o777)
-    with pytest.raises(UnsafePath, match="writable by other users.*chmod 700"):
+    with pytest.raises(UnsafePath, match="mode 0777 .group/world-writable.*chmod 700"):
         files.check_private_dir(shared_tmp / "open")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -76,3 +77,54 @@ def test_expected_chunks_counts_distinct_full_chunk_prefixes():
     prompts = [shared + [1000 + i] * 300 for i in range(3)]  # 556 tokens: 2 full chunks each
     assert expected_chunks(prompts) == 1 + 3  # the shared first chunk is stored once
     assert expected_chunks([list(range(255))]) == 0
+
+
+def test_a_new_run_is_private(tmp_path):
+    run = rundir.create(tmp_path / "a" / "run", MANIFEST)
+    modes = [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "a", run, run / rundir.SPANS_DIR)]
+    assert modes == ["0o700"] * 3
+    assert oct((run / rundir.MANIFEST).stat().st_mode & 0o777) == "0o600"
+
+
+def test_an_empty_directory_of_ours_may_hold_the_run_but_nothing_else(tmp_path):
+    (tmp_path / "empty").mkdir(mode=0o700)
+    rundir.create(tmp_path / "empty", MANIFEST)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    with pytest.raises(rundir.RunDirError, match="is not empty"):
+        rundir.create(tmp_path / "full", MANIFEST)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(rundir.RunDirError, match="is not a directory"):
+        rundir.create(tmp_path / "file", MANIFEST)
+
+
+@pytest.mark.root
+def test_out_prepared_by_another_user_is_refused_and_nothing_written_through_it(
+        shared_tmp, as_nobody, tmp_path):
+    """Issue 19: with --out in a world-writable directory, a planted prod/spans and prod/.lock
+    made root overwrite a root file and create files where the attacker chose."""
+    victim = tmp_path / "root-config"
+    victim.write_text("setting = 1\n")
+    victim_dir = tmp_path / "root-dir"
+    victim_dir.mkdir(mode=0o700)
+    prod = shared_tmp / "prod"
+    as_nobody("mkdir", "-m", "777", str(prod))
+    as_nobody("ln", "-s", str(victim_dir), str(prod / rundir.SPANS_DIR))
+    as_nobody("ln", "-s", str(victim), str(prod / ".lock"))
+    with pytest.raises(rundir.RunDirError, match="owned by uid 65534"):
+        rundir.create(prod, MANIFEST)
+    as_nobody("ln", "-s", str(victim_dir), str(shared_tmp / "link"))
+    with pytest.raises(rundir.RunDirError, match="symbolic link"):
+        rundir.create(shared_tmp / "link", MANIFEST)
+    assert victim.read_text() == "setting = 1\n" and os.listdir(victim_dir) == []
+
+
+def test_a_lock_file_replaced_by_a_link_is_refused_not_written_through(tmp_path):
+    run = rundir.create(tmp_path / "run", MANIFEST)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (run / ".lock").unlink(missing_ok=True)
+    (run / ".lock").symlink_to(victim)
+    with pytest.raises(rundir.RunDirError, match=r"\.lock is a symbolic link"):
+        rundir.update_manifest(run, "probes", {})
+    assert victim.read_text() == "keep"

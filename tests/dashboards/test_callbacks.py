@@ -139,10 +139,12 @@ def test_waterfall_route_serves_a_loaded_requests_figure_and_nothing_else(synthe
     assert fig == json.loads(callbacks.serve_waterfall(loaded, key).get_data())  # the same figure
     unselected = client.get(callbacks.WATERFALL_ROUTE).get_json()
     assert "no request selected" in unselected["layout"]["annotations"][0]["text"]
-    for bad in ("../../etc/passwd", '["parallel", "cold", "no-such-request"]', '["x"]', "[1, 2, 3]",
-                json.dumps(["nope", "cold", "r1"])):
+    for bad, status in [("../../etc/passwd", 400), ('["x"]', 400), ("[1, 2, 3]", 400),
+                        ("[" * 100_000, 400), ('["a", "b", "' + "c" * 5000 + '"]', 400),
+                        ('["parallel", "cold", "no-such-request"]', 404),
+                        (json.dumps(["nope", "cold", "r1"]), 404)]:
         answer = client.get(callbacks.WATERFALL_ROUTE, query_string={"key": bad})
-        assert answer.status_code == 404, bad
+        assert answer.status_code == status, bad[:40]
         assert "root:x:0:0" not in answer.get_data(as_text=True)
 
 

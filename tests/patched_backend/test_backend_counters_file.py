@@ -3,7 +3,11 @@
 
 # Standard
 import json
+import os
 import time
+
+# Third Party
+import pytest
 
 # First Party
 from kvscope.contract import rundir
@@ -54,3 +58,33 @@ def test_waiting_for_an_update_gives_up_on_a_stopped_process(tmp_path):
     _process_file(tmp_path, 11, time.monotonic_ns())
     assert statsfile.wait_for_update(tmp_path, time.monotonic_ns(), timeout_s=0.2) is False
     assert statsfile.wait_for_update(tmp_path, 0, timeout_s=0.2) is True
+
+
+@pytest.mark.root
+def test_a_stats_directory_of_another_user_gets_no_files_and_the_backend_serves(
+        harness, shared_tmp, as_nobody, monkeypatch, capfd):
+    planted = shared_tmp / "backend-stats"
+    as_nobody("mkdir", "-m", "777", str(planted))
+    monkeypatch.setenv(ENV_BACKEND_STATS_DIR, str(planted))
+    h = harness()
+    h.put([0])
+    assert h.get([0])[0] is not None
+    h.close()
+    assert os.listdir(planted) == []
+    lines = [line for line in capfd.readouterr().err.splitlines()  # LMCache's own handler
+             if "counters are not written" in line]
+    assert len(lines) == 1 and str(planted) in lines[0] and "uid 65534" in lines[0]
+
+
+def test_files_of_another_shape_are_refused_by_name_not_summed(tmp_path):
+    _process_file(tmp_path, 11, 5, read_hits=2)
+    (tmp_path / "12.json").write_text("[1, 2]")
+    (tmp_path / "13.json").write_text(json.dumps({"backends": [{"read_hits": "many"}]}))
+    (tmp_path / "14.json").symlink_to("/dev/zero")
+    processes, refused = statsfile.read_files(tmp_path)
+    assert statsfile.sum_files(processes)["read_hits"] == 2
+    assert statsfile.totals(tmp_path)["read_hits"] == 2
+    assert len(refused) == 3, refused
+    assert f"{tmp_path / '12.json'}: field (top level): [1, 2] is not of type 'object'" in refused
+    assert any(f"{tmp_path / '13.json'}: field backends.0.read_hits" in r for r in refused)
+    assert any(f"{tmp_path / '14.json'} is a symbolic link" in r for r in refused)

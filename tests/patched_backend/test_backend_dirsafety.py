@@ -120,3 +120,20 @@ def test_lock_of_a_killed_server_is_free(tmp_path):
         holder.kill()
         holder.wait()
     _backend(kv).close()
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("parent_mode", ["755", "777"])
+def test_a_kv_directory_under_a_parent_of_another_user_is_refused(shared_tmp, as_nobody,
+                                                                 parent_mode):
+    """Issue 19: the parent was never checked; its owner renamed the KV directory after start-up
+    and put a link in its place, and root's next stores went where the link pointed."""
+    as_nobody("mkdir", "-m", parent_mode, str(shared_tmp / "theirs"))
+    kv = shared_tmp / "theirs" / "kv"
+    if parent_mode == "777":
+        kv.mkdir(mode=0o700)  # even a private directory of ours there
+    with pytest.raises(UnsafeDirectory) as refused:
+        _backend(kv)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"kvscope.path {kv}")
+    assert f"parent {shared_tmp / 'theirs'} is owned by uid 65534" in message

@@ -2,6 +2,7 @@
 """Listener hooks, stats, LRU eviction under the capacity limit, knob validation."""
 
 # Standard
+import re
 import threading
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from kvscope.testkit.lmcache_harness import assert_exact, key
 from kvscope.patched_backend.parallel_disk import hooks
 from kvscope.patched_backend.parallel_disk.chunkfile import file_size_for
-from kvscope.patched_backend.parallel_disk.config import from_extra_config, parse_size
+from kvscope.patched_backend.parallel_disk.config import DELAY_ENV, from_extra_config, parse_size
 
 CHUNK_BYTES = 2 * 4 * 256 * 128 * 2  # the test geometry's payload
 
@@ -90,10 +91,35 @@ def test_pinned_chunks_are_not_evicted(harness):
                  "multiple of 4096", id="unaligned-read-unit"),
     pytest.param({"kvscope.path": "/x", "kvscope.capacity": "1GB", "kvscope.queue_depth": "x"},
                  "kvscope.queue_depth: 'x' is not an integer", id="bad-depth"),
+    # Non-finite and out-of-range numbers (inf timeouts raised OverflowError into LMCache on
+    # every get, leaving pins behind; nan made every read a silent timeout miss).
+    *[pytest.param({"kvscope.path": "/x", "kvscope.capacity": "1GB", f"kvscope.{key}": value},
+                   f"kvscope.{key}: {value!r} is not",
+                   id=f"{key}-{type(value).__name__}-{value}")
+      for key in ("read_timeout_s", "prefetch_timeout_s", "read_delay_ms")
+      for value in (float("inf"), float("nan"), "inf", "nan")],
+    pytest.param({"kvscope.path": "/x", "kvscope.capacity": "1GB", "kvscope.read_timeout_s": 1e9},
+                 "kvscope.read_timeout_s: 1000000000.0 is out of range", id="timeout-huge"),
+    pytest.param({"kvscope.path": "/x", "kvscope.capacity": float("inf")},
+                 "kvscope.capacity: inf is not a size", id="capacity-inf"),
+    pytest.param({"kvscope.path": "/x", "kvscope.capacity": "1GB", "kvscope.queue_depth": 2.5},
+                 "kvscope.queue_depth: 2.5 is not an integer", id="depth-fraction"),
+    pytest.param({"kvscope.path": "/x", "kvscope.capacity": "1GB",
+                  "kvscope.write_threads": 10**9}, "kvscope.write_threads: 1000000000 is out of "
+                 "range; use a value from 1 to 256", id="threads-huge"),
 ])
 def test_bad_knobs_name_the_key(extra, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         from_extra_config(extra)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon", "1e9"])
+def test_a_bad_read_delay_from_the_environment_is_named(value, monkeypatch):
+    monkeypatch.setenv(DELAY_ENV, value)
+    with pytest.raises(ValueError, match=f"^{DELAY_ENV}: "):
+        from_extra_config({"kvscope.path": "/x", "kvscope.capacity": "1GB"})
+    chosen = {"kvscope.path": "/x", "kvscope.capacity": "1GB", "kvscope.read_delay_ms": 2}
+    assert from_extra_config(chosen).read_delay_ms == 2.0  # extra_config wins, env unread
 
 
 def test_sizes_and_serial_mode():

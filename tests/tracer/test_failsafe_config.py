@@ -51,6 +51,16 @@ def _warnings(caplog) -> list[str]:
                  lambda c: c.sampler_arg == 1.0, id="sampler-arg"),
     pytest.param({ENV_SPANS_DIR: "/proc/kvscope-spans"}, ENV_SPANS_DIR,
                  lambda c: c.spans_dir is None, id="spans-dir-unwritable"),
+    # Values that parse but no exporter can use: past int64, past what the SDK can wait or build.
+    pytest.param({config.ENV_OFFSET: str(10**23)}, config.ENV_OFFSET,
+                 lambda c: c.clock_offset_ns is None, id="clock-offset-huge"),
+    pytest.param({"OTEL_BSP_SCHEDULE_DELAY": str(10**20)}, "OTEL_BSP_SCHEDULE_DELAY",
+                 lambda c: c.batch["schedule_delay_millis"] == config.FILE_FLUSH_MS,
+                 id="bsp-delay-huge"),
+    pytest.param({"OTEL_BSP_MAX_QUEUE_SIZE": str(10**20)}, "OTEL_BSP_MAX_QUEUE_SIZE",
+                 lambda c: c.batch["max_queue_size"] == 2048, id="bsp-queue-huge"),
+    pytest.param({**OTLP, "OTEL_EXPORTER_OTLP_TIMEOUT": "inf"}, "OTEL_EXPORTER_OTLP_TIMEOUT",
+                 lambda c: c.otlp.timeout_s == config.OTLP_TIMEOUT_S, id="otlp-timeout-inf"),
 ])
 def test_a_bad_value_falls_back_with_one_line_and_one_count(env, variable, check, caplog):
     with caplog.at_level(logging.WARNING):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import threading
 import time
 
@@ -210,13 +211,21 @@ def test_otlp_exporter_follows_the_standard_environment(env, expected):
     assert kind == expected
 
 
-def test_file_exporter_creates_its_directory(tmp_path):
-    exporter = OtlpJsonFileExporter(tmp_path / "new" / "spans", "x")
-    rt = _runtime({})
+def test_the_spans_directory_is_made_private_at_start_up_and_by_the_exporter(tmp_path):
+    spans = tmp_path / "new" / "spans"
+    rt = _runtime({pipeline.ENV_SPANS_DIR: str(spans)})
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (spans.parent, spans, spans / "stats")}
+    assert set(modes.values()) == {0o700}, modes
     span = rt.tracer.start_span("s")
     span.end()
-    assert exporter.export([span]) is SpanExportResult.SUCCESS
-    assert len(list((tmp_path / "new" / "spans").glob("x-*.json"))) == 1
+    assert OtlpJsonFileExporter(spans, "x").export([span]) is SpanExportResult.SUCCESS
+    assert len(list(spans.glob("x-*.json"))) == 1
+    assert OtlpJsonFileExporter(tmp_path / "later", "x").export([span]) is SpanExportResult.SUCCESS
+    assert stat.S_IMODE((tmp_path / "later").stat().st_mode) == 0o700  # made private too
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(ValueError, match="group/world-writable"):  # counted failed by the pipeline
+        OtlpJsonFileExporter(tmp_path / "open", "x").export([span])
 
 
 def test_stats_carry_the_processes_kvscope_errors(tmp_path):
