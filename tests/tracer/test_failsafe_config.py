@@ -52,7 +52,7 @@ def _warnings(caplog) -> list[str]:
     pytest.param({ENV_SPANS_DIR: "/proc/kvscope-spans"}, ENV_SPANS_DIR,
                  lambda c: c.spans_dir is None, id="spans-dir-unwritable"),
     # Values that parse but no exporter can use: past int64, past what the SDK can wait or build.
-    pytest.param({config.ENV_OFFSET: str(10**23)}, config.ENV_OFFSET,
+    pytest.param({ENV_CLOCK_OFFSET: str(10**23)}, ENV_CLOCK_OFFSET,
                  lambda c: c.clock_offset_ns is None, id="clock-offset-huge"),
     pytest.param({"OTEL_BSP_SCHEDULE_DELAY": str(10**20)}, "OTEL_BSP_SCHEDULE_DELAY",
                  lambda c: c.batch["schedule_delay_millis"] == config.FILE_FLUSH_MS,

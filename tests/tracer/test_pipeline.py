@@ -213,7 +213,7 @@ def test_otlp_exporter_follows_the_standard_environment(env, expected):
 
 def test_the_spans_directory_is_made_private_at_start_up_and_by_the_exporter(tmp_path):
     spans = tmp_path / "new" / "spans"
-    rt = _runtime({pipeline.ENV_SPANS_DIR: str(spans)})
+    rt = _runtime({ENV_SPANS_DIR: str(spans)})
     modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (spans.parent, spans, spans / "stats")}
     assert set(modes.values()) == {0o700}, modes
     span = rt.tracer.start_span("s")
