@@ -56,11 +56,13 @@ def depth_distribution(queue_depth: pd.DataFrame) -> list[dict[str, Any]]:
         if total <= 0:
             continue
         cum = held.cumsum() / total
-        pct = {f"p{q}": int(cum.index[np.searchsorted(cum.to_numpy(), q / 100)]) for q in (50, 90, 99)}
+        levels = held.index.to_numpy()
+        pct = {f"p{q}": int(levels[np.searchsorted(cum.to_numpy(), q / 100)]) for q in (50, 90, 99)}
         out.append({"device": str(device), "source": str(source),
                     "mean": float((held.index.to_numpy() * held.to_numpy()).sum() / total),
                     **pct, "max": int(group["inflight"].max()), "observed_s": total / 1e9,
-                    "histogram": {str(int(d)): float(w / total) for d, w in held.items()}})
+                    "histogram": {str(int(d)): float(w / total)
+                                  for d, w in zip(levels, held.to_numpy())}})
     return out
 
 

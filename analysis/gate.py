@@ -65,7 +65,7 @@ def _stats(attribution: pd.DataFrame, phase: str | None, stat: str) -> dict[str,
 
 def junit_xml(result: pd.DataFrame, name: str) -> str:
     """The check as JUnit XML: one testcase per component, a failure for each regression."""
-    return junit(name, [(r.component, failure_message(r) if r.status != "ok" else None)
+    return junit(name, [(str(r.component), failure_message(r) if r.status != "ok" else None)
                         for r in result.itertuples()])
 
 

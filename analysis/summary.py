@@ -35,7 +35,8 @@ def _groups(attribution: pd.DataFrame) -> list[dict[str, Any]]:
     """Per (phase, concurrency) of complete rows: counts, percentiles and share of TTFT."""
     complete = attribution[~attribution["partial"].astype(bool)]
     out = []
-    for (phase, concurrency), group in complete.groupby(["phase", "concurrency"], sort=False):
+    for _, group in complete.groupby(["phase", "concurrency"], sort=False):
+        phase, concurrency = group["phase"].to_numpy()[0], group["concurrency"].to_numpy()[0]
         total = float(group["ttft_ns"].sum())
         share = {c: float(group[f"{c}_ns"].sum()) / total if total else None
                  for c in (*COMPONENTS, *BATCH_PARTS)}

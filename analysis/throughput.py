@@ -58,8 +58,9 @@ def per_phase(requests: pd.DataFrame) -> list[dict[str, Any]]:
     if any(c not in requests.columns for c in NEEDS):
         return []
     ok = _ok(requests, None)
-    return [{"phase": str(phase), "concurrency": int(conc), **rates(group)}
-            for (phase, conc), group in ok.groupby(["phase", "concurrency"], sort=False)]
+    return [{"phase": str(group["phase"].to_numpy()[0]),
+             "concurrency": int(group["concurrency"].to_numpy()[0]), **rates(group)}
+            for _, group in ok.groupby(["phase", "concurrency"], sort=False)]
 
 
 def _boot(ok: pd.DataFrame, metric: str, index: np.ndarray) -> np.ndarray:

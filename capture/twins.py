@@ -161,8 +161,9 @@ def _write_tokenizer(spec: TwinSpec, directory: Path) -> None:
 
 
 def _human(n: int) -> str:
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:g} {unit}" if unit == "B" else f"{n:.4g} {unit}"
-        n /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{size:g} {unit}" if unit == "B" else f"{size:.4g} {unit}"
+        size /= 1024
     raise AssertionError("unreachable")

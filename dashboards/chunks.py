@@ -9,6 +9,8 @@ hits cool and misses warm so a strip reads at a glance before any legend.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -36,7 +38,7 @@ def outcome_color(label: str) -> str:
     return (HIT_COLORS if kind == "hit" else MISS_COLORS).get(name, "#7f7f7f")
 
 
-def _hover(row: pd.Series) -> str:
+def _hover(row: Any) -> str:
     lines = [f"chunk {row.chunk_index}: tokens {row.start_token}-{row.end_token}",
              text(outcome(row.tier, row.reason))]
     if row.detail:

@@ -40,7 +40,9 @@ def kvscope_run(out: Path, kv_dir: Path, port: int, *options: str) -> pd.DataFra
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert rundir.validate(out) == []
-    return rundir.read_table(out, "requests")
+    requests = rundir.read_table(out, "requests")
+    assert requests is not None
+    return requests
 
 
 def chunks_found_at_start(run: Path) -> int:

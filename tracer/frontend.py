@@ -108,6 +108,8 @@ def on_process_outputs(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
         return result
     now = time.monotonic_ns()
     rt = runtime.get()
+    if rt is None:  # no runtime, no open spans: only a failed build gets here
+        return result
     for output, request, state in mine:
         if output.new_token_ids and not request.first_token_ns:
             request.first_token_ns = now

@@ -112,14 +112,16 @@ class StageMetrics(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         stage = STAGES.get(span.name)
-        if stage is None:
+        if stage is None or span.start_time is None or span.end_time is None:
             return
         attributes = span.attributes or {}
         self.sink.observe(stage, (span.end_time - span.start_time) / 1e9)
-        if stage == "server_request" and semconv.GEN_AI_TTFT in attributes:
-            self.sink.observe(SERVER_TTFT, float(attributes[semconv.GEN_AI_TTFT]))
-        if stage == "storage_read":
-            self.sink.add_read_bytes(int(attributes.get(semconv.READ_BYTES, 0)))
+        ttft = attributes.get(semconv.GEN_AI_TTFT)
+        if stage == "server_request" and isinstance(ttft, (int, float)):
+            self.sink.observe(SERVER_TTFT, float(ttft))
+        read_bytes = attributes.get(semconv.READ_BYTES)
+        if stage == "storage_read" and isinstance(read_bytes, int):
+            self.sink.add_read_bytes(read_bytes)
 
     def shutdown(self) -> None:
         self.sink.close()

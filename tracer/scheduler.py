@@ -47,7 +47,7 @@ def on_add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     if trace is not None:
         while len(_live) >= MAX_LIVE:
             _live.pop(next(iter(_live)))
-        _live[request.request_id] = _Live(trace, dict(headers), arrived)
+        _live[request.request_id] = _Live(trace, dict(headers or {}), arrived)
     return result
 
 

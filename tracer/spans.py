@@ -73,10 +73,13 @@ class RequestTrace:
         return {**base, **(extra or {})}
 
 
-def record(runtime: Runtime, name: str, request: RequestTrace, start_ns: int, end_ns: int,
+def record(runtime: Runtime | None, name: str, request: RequestTrace, start_ns: int, end_ns: int,
            attributes: Mapping[str, Any] | None = None,
-           parent: Context | None = None) -> trace.Span:
-    """A finished span of `request` over monotonic [start_ns, end_ns]."""
+           parent: Context | None = None) -> trace.Span | None:
+    """A finished span of `request` over monotonic [start_ns, end_ns]; none in a process whose
+    runtime could not be built (runtime.get() said why, once)."""
+    if runtime is None:
+        return None
     span = runtime.tracer.start_span(
         name, context=parent or request.parent, start_time=runtime.epoch(start_ns),
         attributes=request.attributes(attributes))

@@ -79,7 +79,7 @@ def to_otlp(traces: list[Any], at: str | None) -> otlp_json.Request:
 
 def _add_trace(request: otlp_json.Request, trace: dict[str, Any], where: str) -> None:
     processes = _object(trace.get("processes"), _join(where, "processes"))
-    resources = {}
+    resources: dict[str, tuple[Any, dict[Any, Any]]] = {}
     for process_id, process in processes.items():
         process_where = _join(where, f"processes.{process_id}")
         process = _object(process, process_where)
@@ -94,11 +94,11 @@ def _add_trace(request: otlp_json.Request, trace: dict[str, Any], where: str) ->
     for n, span in enumerate(_array(trace.get("spans"), _join(where, "spans"))):
         span_where = _join(where, f"spans[{n}]")
         span = _object(span, span_where)
-        process_id = span.get("processID")
-        if process_id not in resources:
-            raise JaegerError(f"{span_where}.processID: {process_id!r} is not one of the "
+        span_process = span.get("processID")
+        if span_process not in resources:
+            raise JaegerError(f"{span_where}.processID: {span_process!r} is not one of the "
                               f"trace's processes ({', '.join(map(repr, resources)) or 'none'})")
-        resource_spans, scopes = resources[process_id]
+        resource_spans, scopes = resources[span_process]
         _add_span(resource_spans, scopes, span, span_where)
 
 

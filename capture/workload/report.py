@@ -29,8 +29,10 @@ def phase_table(run: Path) -> str:
 def first_failure(run: Path) -> str:
     """The first failed request as 'id: error', or '' when every request succeeded."""
     requests = rundir.read_table(run, "requests")
-    failed = requests[requests["status"] != "ok"] if requests is not None else []
-    if len(failed) == 0:
+    if requests is None:
+        return ""
+    failed = requests[requests["status"] != "ok"]
+    if failed.empty:
         return ""
     row = failed.iloc[0]
     return f"{row['request_id']}: {row['error']}"
