@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import (ReadableSpan, Span, SpanProcessor,
+                                     SynchronousMultiSpanProcessor, TracerProvider)
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from kvscope.contract import files
@@ -237,11 +238,15 @@ def failsafe_stats() -> dict[str, dict[str, int]]:
 
 @dataclass
 class Pipeline:
-    """A process's provider, its counters, and where its stats go."""
+    """A process's provider, its counters, and where its stats go. `span_processor` is every
+    processor an ended span goes to (the provider's one), for spans made without the SDK's
+    Span (runtime.Runtime.finished)."""
 
     provider: TracerProvider
     counters: Counters
     config: config.TracerConfig
+    span_processor: SynchronousMultiSpanProcessor = field(
+        default_factory=SynchronousMultiSpanProcessor)
     stats_file: StatsFile | None = None
     processors: dict[str, BoundedProcessor] = field(default_factory=dict)
     closed: bool = False
@@ -332,9 +337,10 @@ def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) 
             _quiet_repeated_exporter_logs()
             pipe.processors["otlp"] = BoundedProcessor(
                 CountingExporter("otlp", remote, counters, after=pipe.write_stats), cfg.batch)
-    provider.add_span_processor(_EndCounter(counters))  # first: no exporter counts it before
+    pipe.span_processor.add_span_processor(_EndCounter(counters))  # first: before any exporter
     for processor in pipe.processors.values():
-        provider.add_span_processor(processor)
+        pipe.span_processor.add_span_processor(processor)
+    provider.add_span_processor(pipe.span_processor)
     return pipe
 
 

@@ -75,16 +75,16 @@ class RequestTrace:
 
 def record(runtime: Runtime | None, name: str, request: RequestTrace, start_ns: int, end_ns: int,
            attributes: Mapping[str, Any] | None = None,
-           parent: Context | None = None) -> trace.Span | None:
-    """A finished span of `request` over monotonic [start_ns, end_ns]; none in a process whose
-    runtime could not be built (runtime.get() said why, once)."""
+           parent: Context | None = None) -> None:
+    """A finished span of `request` over monotonic [start_ns, end_ns], a child of the span
+    current in `parent` (else of the request's own parent); none in a process whose runtime
+    could not be built (runtime.get() said why, once)."""
     if runtime is None:
-        return None
-    span = runtime.tracer.start_span(
-        name, context=parent or request.parent, start_time=runtime.epoch(start_ns),
-        attributes=request.attributes(attributes))
-    span.end(end_time=runtime.epoch(max(end_ns, start_ns)))
-    return span
+        return
+    context = trace.get_current_span(parent).get_span_context() if parent else None
+    if context is None or not context.is_valid:
+        context = trace.get_current_span(request.parent).get_span_context()
+    runtime.finished(name, context, start_ns, end_ns, request.attributes(attributes))
 
 
 def start(runtime: Runtime, name: str, request: RequestTrace, start_ns: int,
