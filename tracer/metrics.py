@@ -141,7 +141,8 @@ class _Publisher:
         threading.Thread(target=self._run, name="kvscope-metrics", daemon=True).start()
 
     def changed(self) -> None:
-        self._dirty.set()
+        if not self._dirty.is_set():  # set() takes the event's lock and notifies, every time
+            self._dirty.set()
 
     def _run(self) -> None:
         while not self._closed.is_set():

@@ -121,6 +121,6 @@ _SCALARS = (str, bool, int, float)
 
 def _is_value(value: Any) -> bool:
     """An attribute value OTLP carries: a scalar, or a list or tuple of scalars."""
-    if type(value) in _SCALARS:
+    if isinstance(value, _SCALARS):
         return True
-    return type(value) in (list, tuple) and all(type(v) in _SCALARS for v in value)
+    return isinstance(value, (list, tuple)) and all(isinstance(v, _SCALARS) for v in value)
