@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from kvscope.capture.trace_import import jaeger
 from kvscope.contract import otlp_json
+from kvscope.tracer.config import STATS_DIR
 
 EXPECTED = ("OTLP JSON, OTLP JSON lines (the Collector's file exporter), Jaeger JSON (UI "
             "download or /api/traces) or a Jaeger /api/v3/traces answer")
@@ -27,8 +28,11 @@ class TraceImportError(ValueError):
 
 
 def read(path: Path) -> list[otlp_json.Request]:
-    """Every trace document in `path` (a file, or a directory of them) as OTLP messages."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    """Every trace document in `path` (a file, or a directory of them, a tracer's spans
+    directory included: its `stats/` counters are no traces) as OTLP messages."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()
+                   and STATS_DIR not in p.relative_to(path).parts[:-1]) \
+        if path.is_dir() else [path]
     if not files:
         raise TraceImportError(f"{path}: no files in it; expected {EXPECTED}")
     return [message for file in files for message in read_text(_text(file), str(file))]
