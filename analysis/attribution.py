@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvscope.analysis import batch, blockjoin, diagnostics, ledger, server_requests, sweep
+from kvscope.analysis import (batch, blockjoin, diagnostics, ledger, server_requests,
+                              spantable, sweep)
 from kvscope.analysis.run import Run
 from kvscope.contract import semconv
 from kvscope.contract.chunk_outcomes import TOKEN_COLUMNS
@@ -38,6 +39,7 @@ BATCH_PARTS = ("batch_storage_read", "batch_transfer", "batch_prefill", "batch_o
 LABELS = ("window", *DEFAULT_PRIORITY[::-1], "device_queue", "device_service", "own_busy",
           "may_wait")
 CODE = {name: i for i, name in enumerate(LABELS)}
+_SPAN_CODE = {name: CODE[component] for name, component in SPAN_COMPONENT.items()}
 ID_COLUMNS = ("request_id", "phase", "concurrency", "prompt_index", "window")
 NS_COLUMNS = (
     "ttft_ns", *(f"{c}_ns" for c in COMPONENTS), *(f"{c}_ns" for c in STORAGE_PARTS),
@@ -61,20 +63,34 @@ def attribute(run: Run, *, priority: tuple[str, ...] = DEFAULT_PRIORITY,
             waiting on other requests of the same worker (after the queue span ends, if
             "scheduled"); docs/analysis.md says why arrival is the default.
     """
+    return attribute_tables(run.requests, run.spans, run.block_io, run.request_notes,
+                            have_block_io=not run.block_io.empty, priority=priority,
+                            skew_tolerance_ns=skew_tolerance_ns, batch_from=batch_from)
+
+
+def attribute_tables(requests: pd.DataFrame, all_spans: pd.DataFrame, block_io: pd.DataFrame,
+                     request_notes: dict[str, list[str]], *, have_block_io: bool,
+                     priority: tuple[str, ...] = DEFAULT_PRIORITY,
+                     skew_tolerance_ns: int = DEFAULT_SKEW_TOLERANCE_NS,
+                     batch_from: str = "arrival") -> pd.DataFrame:
+    """attribute() of a run given as its tables: the one computation every caller runs, on a
+    whole run or on a slice of one (analysis.slices). `all_spans` has an attribute dict per span
+    or the typed attribute columns of contract.spantable; `have_block_io`: the run recorded
+    block I/O at all (a slice of it may hold none)."""
     if sorted(priority) != sorted(DEFAULT_PRIORITY):
         raise ValueError(f"priority must order exactly {sorted(DEFAULT_PRIORITY)}, got {priority}")
     if batch_from not in batch.BATCH_FROM:
         raise ValueError(f"batch_from must be one of {batch.BATCH_FROM}, got {batch_from!r}")
-    requests = run.requests.reset_index(drop=True)
+    requests = requests.reset_index(drop=True)
     if "window" not in requests:  # a Run built by hand, not by load_run
         requests = requests.assign(window=server_requests.CLIENT)
     n = len(requests)
     key_of = _key_of(requests)
-    spans = _labelled_spans(run.spans, key_of)
-    worker = batch.worker_spans(run.spans, key_of, n)
+    spans = _labelled_spans(all_spans, key_of)
+    worker = batch.worker_spans(all_spans, key_of, n)
     reads = spans[spans["label"] == CODE["storage_read"]]
-    windows = blockjoin.reader_windows(reads)
-    io = blockjoin.join(windows, run.block_io)
+    windows = blockjoin.reader_windows(_with_tid_dicts(reads))
+    io = blockjoin.join(windows, block_io)
     arrival = requests["arrival_ns"].to_numpy(np.int64)
     first = requests["first_token_ns"].to_numpy(np.int64)
     queue_end = None if batch_from == "arrival" else _queue_end(spans, n)
@@ -87,13 +103,23 @@ def attribute(run: Run, *, priority: tuple[str, ...] = DEFAULT_PRIORITY,
     out = _components(segs, n, priority)
     _add_batch(out, segs, batch.profile(worker, io, priority), worker.proc_of, n)
     frame = _frame(requests, out, spans, io)
-    tokens = ledger.per_request(ledger.of_run(run), requests["request_id"])
+    tokens = ledger.per_request(ledger.table(all_spans), requests["request_id"])
     frame[list(TOKEN_COLUMNS)] = tokens.to_numpy()
-    facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, run.request_notes,
+    facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, request_notes,
                               worker.unidentified)
     frame["partial"], frame["diagnostics"] = diagnostics.describe(facts, skew_tolerance_ns,
-                                                                  not run.block_io.empty)
+                                                                  have_block_io)
     return frame
+
+
+def _with_tid_dicts(reads: pd.DataFrame) -> pd.DataFrame:
+    """`reads` with the attribute dicts blockjoin reads, built from the typed reader-tid
+    column when the spans came from the span table (a dict per read, not per span)."""
+    if "attributes" in reads:
+        return reads
+    tids = spantable.values(reads, semconv.READER_TIDS)
+    dicts = [{} if t is None else {semconv.READER_TIDS: t} for t in tids]
+    return reads.assign(attributes=pd.Series(dicts, index=reads.index, dtype=object))
 
 
 def _key_of(requests: pd.DataFrame) -> pd.Series:
@@ -104,11 +130,11 @@ def _key_of(requests: pd.DataFrame) -> pd.Series:
 
 def _labelled_spans(spans: pd.DataFrame, key_of: pd.Series) -> pd.DataFrame:
     """The component spans with their request's key and label code (others dropped)."""
-    component = spans["name"].map(SPAN_COMPONENT)
-    key = spans["request_id"].map(key_of)
-    kept = spans[component.notna() & key.notna()].copy()
+    label = spantable.mapped(spans["name"], _SPAN_CODE)
+    key = spantable.mapped(spans["request_id"], key_of)
+    kept = spans[label.notna() & key.notna()].copy()
     kept["key"] = key[kept.index].astype("int64")
-    kept["label"] = component[kept.index].map(CODE).astype("int64")
+    kept["label"] = label[kept.index].astype("int64")
     return kept.reset_index(drop=True)
 
 
@@ -211,7 +237,7 @@ def _frame(requests: pd.DataFrame, out: dict[str, np.ndarray], spans: pd.DataFra
         values[failed] = pd.NA
         frame[column] = values
     reads = spans[spans["label"] == CODE["storage_read"]]
-    read_bytes = [a.get(semconv.READ_BYTES, 0) or 0 for a in reads["attributes"]]
+    read_bytes = [v or 0 for v in spantable.values(reads, semconv.READ_BYTES)]
     frame["read_bytes"] = np.bincount(reads["key"].to_numpy(), weights=read_bytes,
                                       minlength=n).astype(np.int64)
     frame["block_io_count"] = np.bincount(io["key"].to_numpy(), minlength=n).astype(np.int64)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvscope.analysis import sweep
+from kvscope.analysis import spantable, sweep
 from kvscope.contract.semconv import NO_PID
 from kvscope.contract import semconv
 
@@ -37,13 +37,16 @@ PROFILE_LABELS = ("prefill", "transfer", "storage_read", "busy", "device_queue",
 CLASSES = ("prefill", "transfer", "storage_device_service", "storage_device_queue",
            "storage_software", "busy")
 BATCH_FROM = ("arrival", "scheduled")
+_CODE = {name: i for i, name in enumerate(PROFILE_LABELS)}
+_WORKER_CODE = {name: _CODE[label] for name, label in WORKER_LABEL.items()}
 
 
 @dataclass(frozen=True)
 class Worker:
     """The run's worker-side spans and which worker process each request ran in."""
 
-    spans: pd.DataFrame  # key (-1: request not in requests.parquet), proc, name, start_ns, end_ns
+    spans: pd.DataFrame  # key (-1: request not in requests.parquet), proc, label (code of
+    # PROFILE_LABELS), start_ns, end_ns
     proc_of: np.ndarray  # per request: its worker process code, -1 when unknown
     unidentified: np.ndarray  # per request: has worker spans, none of them with a process.pid
 
@@ -61,11 +64,12 @@ class Profile:
 def worker_spans(spans: pd.DataFrame, key_of: pd.Series, n: int) -> Worker:
     """Worker-side spans of every request id (known or not), with process codes."""
     picked = spans[spans["name"].isin(list(WORKER_LABEL))]
-    key = picked["request_id"].map(key_of).fillna(-1).to_numpy(np.int64)
+    key = spantable.mapped(picked["request_id"], key_of).fillna(-1).to_numpy(np.int64)
     has_pid = (picked["pid"] != NO_PID).to_numpy()
     proc = np.full(len(picked), -1, dtype=np.int64)
     proc[has_pid] = picked[has_pid].groupby(["service", "pid"], sort=True).ngroup().to_numpy()
-    frame = pd.DataFrame({"key": key, "proc": proc, "name": picked["name"].to_numpy(),
+    label = spantable.mapped(picked["name"], _WORKER_CODE).to_numpy(np.int64)
+    frame = pd.DataFrame({"key": key, "proc": proc, "label": label,
                           "start_ns": picked["start_ns"].to_numpy(np.int64),
                           "end_ns": picked["end_ns"].to_numpy(np.int64)})
     known = frame[(frame["key"] >= 0) & (frame["proc"] >= 0)]
@@ -83,7 +87,7 @@ def own_intervals(worker: Worker, arrival: np.ndarray, queue_end: np.ndarray | N
     """(key, start, end) of each request's own kv.load / kv.store spans, and of the stretch in
     which it may wait on the batch: arrival (or `queue_end`) to its last worker span's end."""
     own = worker.spans[worker.spans["key"] >= 0]
-    busy = own[own["name"].map(WORKER_LABEL) == "busy"]
+    busy = own[own["label"] == _CODE["busy"]]
     last_end = np.full(len(arrival), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(last_end, own["key"].to_numpy(), own["end_ns"].to_numpy())
     since = arrival if queue_end is None else queue_end
@@ -98,9 +102,9 @@ def profile(worker: Worker, io: pd.DataFrame, priority: tuple[str, ...]) -> Prof
     io_proc = worker.proc_of[io["key"].to_numpy(np.int64)]
     io = io[io_proc >= 0]
     io_proc = io_proc[io_proc >= 0]
-    code = {name: i for i, name in enumerate(PROFILE_LABELS)}
+    code = _CODE
     parts = [(spans["proc"].to_numpy(), spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(),
-              spans["name"].map(WORKER_LABEL).map(code).to_numpy(np.int64)),
+              spans["label"].to_numpy(np.int64)),
              (io_proc, io["start_ns"].to_numpy(), io["issue_ns"].to_numpy(), code["device_queue"]),
              (io_proc, io["issue_ns"].to_numpy(), io["complete_ns"].to_numpy(),
               code["device_service"])]

@@ -56,8 +56,8 @@ def describe(facts: Facts, skew_tolerance_ns: int, have_block_io: bool) -> tuple
         (ok & (facts.outside_ns > skew_tolerance_ns),
          pd.Series(facts.outside_ns / 1e6).map("spans reach {:.3f} ms outside [arrival, first "
                                                "token] (skewed clocks?); clipped".format)),
-        (ids.map(facts.notes).notna().to_numpy(),
-         ids.map(lambda rid: "; ".join(facts.notes.get(rid, [])))),
+        (ids.isin(list(facts.notes)).to_numpy(),
+         ids.map(lambda rid: "; ".join(facts.notes.get(rid, []))) if facts.notes else ""),
     ]
     untied = _reads_without_tids(facts, n)
     if have_block_io:

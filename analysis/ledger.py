@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvscope.analysis import spantable
 from kvscope.contract import chunk_outcomes
 from kvscope.contract import semconv
 from kvscope.contract.rundir import CHUNK_LEDGER
@@ -54,15 +55,16 @@ def table(spans: pd.DataFrame) -> pd.DataFrame:
         "request_id", keep="last")
     vllm_cached = _vllm_cached(spans)
     frames = []
-    for row in last.itertuples(index=False):
-        attrs = row.attributes
-        n = len(attrs.get(semconv.LEDGER_START) or [])
-        if n == 0 or any(len(attrs.get(a) or []) != n for a in _ARRAYS.values()):
+    arrays = {column: spantable.values(last, key) for column, key in _ARRAYS.items()}
+    vllm_ids = spantable.values(last, semconv.VLLM_REQUEST_ID)
+    for i, row in enumerate(last.itertuples(index=False)):
+        n = len(arrays["start_token"][i] or [])
+        if n == 0 or any(len(arrays[c][i] or []) != n for c in _ARRAYS):
             continue  # an empty or malformed record
-        frame = pd.DataFrame({column: list(attrs[a]) for column, a in _ARRAYS.items()})
+        frame = pd.DataFrame({column: list(arrays[column][i]) for column in _ARRAYS})
         frame.insert(0, "chunk_index", np.arange(n))
         frame.insert(0, "lookup_ns", int(row.start_ns))
-        frame.insert(0, "vllm_request_id", str(attrs.get(semconv.VLLM_REQUEST_ID, "")))
+        frame.insert(0, "vllm_request_id", str("" if vllm_ids[i] is None else vllm_ids[i]))
         frame.insert(0, "request_id", str(row.request_id))
         cached = vllm_cached.get(str(row.request_id), 0)
         local = frame["end_token"].to_numpy() <= cached
@@ -83,8 +85,8 @@ def _vllm_cached(spans: pd.DataFrame) -> dict[str, int]:
     lookups = spans[spans["name"] == semconv.SPAN_KV_LOOKUP].sort_values("start_ns",
                                                                         kind="stable")
     out: dict[str, int] = {}
-    for rid, attrs in zip(lookups["request_id"], lookups["attributes"]):
-        value = attrs.get(semconv.VLLM_CACHED_TOKENS)
+    for rid, value in zip(lookups["request_id"],
+                          spantable.values(lookups, semconv.VLLM_CACHED_TOKENS)):
         if value is not None:
             out[str(rid)] = int(value)
     return out
@@ -121,7 +123,7 @@ def _sum(key: np.ndarray, tokens: np.ndarray, sel: np.ndarray, n: int) -> np.nda
 def prefill_ns_per_token(spans: pd.DataFrame) -> float | None:
     """The run's measured prefill time per computed token (None without prefill tokens)."""
     prefill = spans[spans["name"] == semconv.SPAN_PREFILL]
-    tokens = np.array([int(a.get(semconv.PREFILL_TOKENS, 0) or 0) for a in prefill["attributes"]],
+    tokens = np.array([int(v or 0) for v in spantable.values(prefill, semconv.PREFILL_TOKENS)],
                       dtype=np.int64)
     if tokens.sum() <= 0:
         return None

@@ -25,11 +25,18 @@ def read_span_files(files: list[Path], offset_ns: int) -> tuple[pd.DataFrame, li
     rows: list[tuple[Any, ...]] = []
     problems: list[str] = []
     for path in files:
-        try:
-            rows += _rows(otlp_json.loads(path.read_bytes()), offset_ns)
-        except otlp_json.OtlpJsonError as e:
-            problems.append(f"{path}: not an OTLP JSON ExportTraceServiceRequest ({e}); skipped")
+        found, bad = read_rows(path, offset_ns)
+        rows += found
+        problems += bad
     return _frame(rows), problems
+
+
+def read_rows(path: Path, offset_ns: int) -> tuple[list[tuple], list[str]]:
+    """One file's span rows (SPAN_COLUMNS' values, attributes as a dict) and its problem."""
+    try:
+        return _rows(otlp_json.loads(path.read_bytes()), offset_ns), []
+    except otlp_json.OtlpJsonError as e:
+        return [], [f"{path}: not an OTLP JSON ExportTraceServiceRequest ({e}); skipped"]
 
 
 def _rows(message: otlp_json.Request, offset_ns: int) -> list[tuple]:
@@ -37,7 +44,7 @@ def _rows(message: otlp_json.Request, offset_ns: int) -> list[tuple]:
     for resource_spans in message.resource_spans:
         resource = otlp_json.attributes(resource_spans.resource.attributes)
         process = (str(resource.get(semconv.SERVICE_NAME, "")),
-                   _pid(resource.get(semconv.PROCESS_PID)))
+                   pid_of(resource.get(semconv.PROCESS_PID)))
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 attributes = otlp_json.attributes(span.attributes)
@@ -57,6 +64,6 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
                          "pid": "int64"})
 
 
-def _pid(value: int | None) -> int:
+def pid_of(value: int | None) -> int:
     """The resource's process.pid (the emitting process), NO_PID when absent."""
     return NO_PID if value is None else value

@@ -3,8 +3,8 @@ read them back while they are current, so readers (the dashboard) need not analy
 
 Outputs are current when summary.json carries this analysis version and the fingerprint of
 the run's inputs (every producer file's size and mtime, the manifest without its `analysis`
-section) that they were made from. `spans.parquet` is the spans as analysis read them
-(attributes as JSON text): parsing the OTLP files is most of the cost of loading a run.
+section) that they were made from. `spans.parquet` is the span table (analysis.spantable),
+made once: parsing the OTLP files is most of the cost of loading a run.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any
 
 import pandas as pd
 
-from kvscope.analysis import ledger, report
+from kvscope.analysis import ledger, report, slices, spantable
 from kvscope.analysis.attribution import attribute
-from kvscope.analysis.run import Run, load_run
+from kvscope.analysis.run import Run, clock_offset_ns, load_run, read_tables
 from kvscope.analysis.summary import ANALYSIS_VERSION, summarize
 from kvscope.contract import rundir
 
 ATTRIBUTION_FILE = "attribution.parquet"
 SUMMARY_FILE = "summary.json"
-SPANS_FILE = "spans.parquet"
+SPANS_FILE = spantable.FILE
 
 
 def inputs_fingerprint(path: Path) -> str:
@@ -48,21 +48,29 @@ def inputs_fingerprint(path: Path) -> str:
 def analyze(path: str | Path, *, plots: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Attribute and summarise the run at `path`, write the outputs, return both."""
     path = Path(path)
-    run = load_run(path)
-    attribution = attribute(run)
+    run, attribution = attribute_run(path)
+    read_tables(run)
     summary = summarize(run, attribution)
     summary["request_notes"] = run.request_notes
     summary["inputs_fingerprint"] = inputs_fingerprint(path)
     attribution.to_parquet(path / ATTRIBUTION_FILE, index=False)
     ledger.of_run(run).to_parquet(path / rundir.CHUNK_LEDGER.file, index=False)
-    run.spans.assign(attributes=run.spans["attributes"].map(
-        lambda a: json.dumps(a, default=str))).to_parquet(path / SPANS_FILE, index=False)
     (path / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     if plots:
         report.write(path, attribution, summary)
     if run.manifest:
         rundir.update_manifest(path, "analysis", {"version": ANALYSIS_VERSION})
     return attribution, summary
+
+
+def attribute_run(path: str | Path) -> tuple[Run, pd.DataFrame]:
+    """The run at `path` (typed spans, from RUN/spans.parquet, made first if it is not
+    current) and its attribution, computed in slices (analysis.slices)."""
+    path = Path(path)
+    if path.is_dir() and spantable.span_files(path):
+        spantable.ensure(path, clock_offset_ns(path))
+    run = load_run(path, typed=True)
+    return run, slices.attribute(run.requests, run.spans, run.block_io, run.request_notes)
 
 
 def load_attribution(path: str | Path) -> pd.DataFrame:
@@ -75,7 +83,7 @@ def load_attribution(path: str | Path) -> pd.DataFrame:
 
 def load_current(path: str | Path) -> tuple[Run, pd.DataFrame, dict[str, Any]] | None:
     """(run, attribution, summary) from the run's analysis outputs when they are current (the
-    run's spans from spans.parquet, attributes as JSON text); None when any is missing or stale.
+    run's spans from spans.parquet); None when any is missing or stale.
     """
     path = Path(path)
     try:
@@ -84,10 +92,9 @@ def load_current(path: str | Path) -> tuple[Run, pd.DataFrame, dict[str, Any]] |
                 or summary.get("inputs_fingerprint") != inputs_fingerprint(path)):
             return None
         attribution = pd.read_parquet(path / ATTRIBUTION_FILE)
-        spans = pd.read_parquet(path / SPANS_FILE)
     except (OSError, ValueError):
         return None
-    run = load_run(path, read_spans=False)
-    run.spans, run.problems = spans, list(summary.get("problems", run.problems))
+    run = load_run(path)  # its spans from RUN/spans.parquet, current with the outputs
+    run.problems = list(summary.get("problems", run.problems))
     run.request_notes = {k: list(v) for k, v in summary.get("request_notes", {}).items()}
     return run, attribution, summary

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvscope.analysis import spantable
 from kvscope.contract import semconv
 
 BACK_TO_BACK_NS = 20_000_000  # a reader's next read within this was waiting on the reader, not on work
@@ -54,8 +55,8 @@ def _covered_ns(gaps: list[tuple[int, int]], spans: pd.DataFrame) -> int:
 def _reader_tids(spans: pd.DataFrame) -> set[int]:
     reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
     tids: set[int] = set()
-    for attrs in reads["attributes"]:
-        tids |= {int(t) for t in (attrs or {}).get(semconv.READER_TIDS) or []}
+    for value in spantable.values(reads, semconv.READER_TIDS):
+        tids |= {int(t) for t in value or []}
     return tids
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from kvscope.analysis import otlp, server_requests
+from kvscope.analysis import server_requests, spantable
 from kvscope.contract import rundir
 from kvscope.contract.rundir import empty_table
+from kvscope.contract.spantable import META_NOTES, META_PROBLEMS
 
+ATTRIBUTION_TABLES = ("requests", "block_io")  # what attribution reads besides the spans
 _WHY_MISSING = {
     "block_io": "storage read cannot be split into device queue / service / software",
     "queue_depth": "no queue-depth distribution or Little's-law check",
@@ -39,9 +42,11 @@ class Run:
     request_notes: dict[str, list[str]] = field(default_factory=dict)
 
 
-def load_run(path: str | Path, *, read_spans: bool = True) -> Run:
-    """Read every table and span file of the run at `path` (`read_spans=False`: leave the
-    spans empty, for a caller that has them already, as analysis.outputs.load_current).
+def load_run(path: str | Path, *, typed: bool = False) -> Run:
+    """Read every table and span file of the run at `path` (the spans from RUN/spans.parquet
+    while it is current: analysis.spantable). `typed`: the compact form attribution reads:
+    spans as spantable.typed_frame (typed attribute columns, no attribute dicts, no ids), and
+    of the probe tables only block_io (the others are left empty; `read_tables` adds them).
 
     Raises:
         FileNotFoundError: `path` is not a directory.
@@ -54,19 +59,32 @@ def load_run(path: str | Path, *, read_spans: bool = True) -> Run:
     rundir.check_readable(path)
     problems = rundir.validate(path)
     manifest = _manifest(path, problems)
-    tables = {name: _table(path, name, problems) for name in rundir.TABLES}
+    tables = {name: _table(path, name, problems) if name in ATTRIBUTION_TABLES or not typed
+              else empty_table(name) for name in rundir.TABLES}
     offset_ns = _offset_ns(manifest, problems)
-    files = sorted((path / rundir.SPANS_DIR).glob("*.json")) if read_spans else []
-    spans, span_problems = otlp.read_span_files(files, offset_ns)
-    problems += span_problems
-    if not files and read_spans:
+    if typed:
+        spans, server_spans, meta = spantable.load_typed(path, offset_ns,
+                                                         server_requests.SPAN_NAMES)
+    else:
+        table = spantable.load(path, offset_ns)
+        spans = server_spans = spantable.frame(table)
+        meta = dict(table.schema.metadata or {})
+    notes = json.loads(meta.get(META_NOTES, b"{}"))
+    problems += json.loads(meta.get(META_PROBLEMS, b"[]"))
+    if not spantable.span_files(path):
         problems.append(f"{path / rundir.SPANS_DIR}/*.json: no span files (tracer off?); "
                         "TTFT cannot be split into components")
-    spans, notes = _clean_spans(spans, problems)
-    requests = server_requests.with_server_requests(tables["requests"], spans,
+    requests = server_requests.with_server_requests(tables["requests"], server_spans,
                                                     manifest.get("phases") or [])
     return Run(path, manifest, requests, spans, tables["block_io"],
                tables["queue_depth"], tables["nvme_io"], problems, notes)
+
+
+def read_tables(run: Run) -> None:
+    """Read the tables a typed load left empty into `run` (for the summary after attribution)."""
+    for name in rundir.TABLES:
+        if name not in ATTRIBUTION_TABLES and hasattr(run, name):
+            setattr(run, name, _table(run.path, name, run.problems))
 
 
 def _manifest(path: Path, problems: list[str]) -> dict[str, Any]:
@@ -87,6 +105,11 @@ def _table(path: Path, name: str, problems: list[str]) -> pd.DataFrame:
     return frame
 
 
+def clock_offset_ns(path: Path) -> int:
+    """The run's manifest clock.offset_ns (epoch ns - monotonic ns), 0 when it has none."""
+    return _offset_ns(_manifest(path, []), [])
+
+
 def _offset_ns(manifest: dict[str, Any], problems: list[str]) -> int:
     try:
         return int(manifest["clock"]["offset_ns"])  # an integer in range (MANIFEST_SCHEMA)
@@ -94,29 +117,3 @@ def _offset_ns(manifest: dict[str, Any], problems: list[str]) -> int:
         problems.append("manifest.json has no clock.offset_ns: span times cannot be put on the "
                         "monotonic clock; spans will not line up with requests")
         return 0
-
-
-def _clean_spans(spans: pd.DataFrame, problems: list[str]) -> tuple[pd.DataFrame, dict]:
-    """Fill request ids from the span's trace, drop repeated span ids, note what was wrong."""
-    known = spans.dropna(subset=["request_id"]).drop_duplicates("trace_id")
-    by_trace = known.set_index("trace_id")["request_id"]
-    missing = spans["request_id"].isna()
-    spans.loc[missing, "request_id"] = spans.loc[missing, "trace_id"].map(by_trace)
-    orphans = int(spans["request_id"].isna().sum())
-    if orphans:
-        problems.append(f"{orphans} spans carry no kvscope.request_id and share no trace with one "
-                        "that does; they are ignored")
-    repeated = spans.duplicated(["trace_id", "span_id"], keep="first")
-    copies = spans.duplicated(["trace_id", "span_id", "name", "start_ns", "end_ns"], keep="first")
-    if copies.any():
-        problems.append(f"{int(copies.sum())} spans are exact copies of earlier ones (exported "
-                        "twice?); the copies are dropped")
-    notes: dict[str, list[str]] = {}
-    clashes = repeated & ~copies
-    if clashes.any():
-        problems.append(f"{int(clashes.sum())} spans reuse a (trace_id, span_id) with different "
-                        "contents; the first is kept and their requests are marked partial")
-        for rid, count in spans[clashes].groupby("request_id").size().items():
-            notes[str(rid)] = [f"{count} spans reuse another span's id; the first was kept"]
-    kept = spans[~repeated & spans["request_id"].notna()].reset_index(drop=True)
-    return kept, notes

@@ -18,11 +18,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvscope.analysis import spantable
 from kvscope.contract import semconv
 
 CLIENT, SERVER = "client", "server"  # values of the `window` column
 RECORDED_PHASE = "recorded"  # a request outside every phase of the manifest
 UNKNOWN = -1  # concurrency / prompt_index: no client said
+SPAN_NAMES = (semconv.SPAN_SERVER_REQUEST, semconv.SPAN_CLIENT_REQUEST,
+              semconv.SPAN_KV_LOAD)  # the spans read here
 
 
 def with_server_requests(requests: pd.DataFrame, spans: pd.DataFrame,
@@ -41,28 +44,34 @@ def with_server_requests(requests: pd.DataFrame, spans: pd.DataFrame,
 
 def _rows(servers: pd.DataFrame, spans: pd.DataFrame, phases: list[dict[str, Any]]
           ) -> pd.DataFrame:
-    attrs = servers["attributes"]
+    def attr(key: str, default: Any) -> list[Any]:
+        return [default if v is None else v for v in spantable.values(servers, key)]
+
     clients = spans[spans["name"] == semconv.SPAN_CLIENT_REQUEST]
-    client_of = dict(zip(clients["trace_id"], clients["attributes"]))
-    workload = [client_of.get(t, {}) for t in servers["trace_id"]]
-    ttft_ns = np.array([round(float(a.get(semconv.GEN_AI_TTFT, -1.0)) * 1e9) for a in attrs],
+    traces = servers["trace_id"].to_numpy()
+    workload = {key: dict(zip(clients["trace_id"], spantable.values(clients, key)))
+                for key in (semconv.PHASE, semconv.CONCURRENCY, semconv.PROMPT_INDEX)}
+
+    def said(key: str) -> list[Any]:  # what each request's client span said, None if nothing
+        return [workload[key].get(t) for t in traces]
+
+    ttft_ns = np.array([round(float(v) * 1e9) for v in attr(semconv.GEN_AI_TTFT, -1.0)],
                        dtype=np.int64)
     arrival = servers["start_ns"].to_numpy(np.int64)
     finish = servers["end_ns"].to_numpy(np.int64)
     served = ttft_ns >= 0
-    errors = [str(a.get(semconv.ERROR_TYPE, "")) for a in attrs]
+    errors = [str(v) for v in attr(semconv.ERROR_TYPE, "")]
     ok = served & np.array([not e for e in errors])
     first = np.where(served, arrival + ttft_ns, 0)
     return pd.DataFrame({
         "request_id": servers["request_id"].astype(str).to_numpy(),
-        "phase": [str(w.get(semconv.PHASE) or _phase_of(t, phases))
-                  for w, t in zip(workload, arrival)],
-        "concurrency": [int(w.get(semconv.CONCURRENCY, UNKNOWN)) for w in workload],
-        "prompt_index": [int(w.get(semconv.PROMPT_INDEX, UNKNOWN)) for w in workload],
+        "phase": [str(p or _phase_of(t, phases)) for p, t in zip(said(semconv.PHASE), arrival)],
+        "concurrency": [UNKNOWN if c is None else int(c) for c in said(semconv.CONCURRENCY)],
+        "prompt_index": [UNKNOWN if i is None else int(i) for i in said(semconv.PROMPT_INDEX)],
         "trace_id": servers["trace_id"].to_numpy(),
-        "prompt_tokens": [int(a.get(semconv.GEN_AI_PROMPT_TOKENS, 0)) for a in attrs],
+        "prompt_tokens": [int(v) for v in attr(semconv.GEN_AI_PROMPT_TOKENS, 0)],
         "cached_tokens": _loaded_tokens(spans, servers["request_id"]),
-        "output_tokens": [int(a.get(semconv.GEN_AI_COMPLETION_TOKENS, 0)) for a in attrs],
+        "output_tokens": [int(v) for v in attr(semconv.GEN_AI_COMPLETION_TOKENS, 0)],
         "arrival_ns": arrival, "first_token_ns": first, "finish_ns": finish,
         "ttft_s": np.where(served, ttft_ns / 1e9, np.nan), "e2e_s": (finish - arrival) / 1e9,
         "status": np.where(ok, "ok", "error"),
@@ -74,8 +83,8 @@ def _rows(servers: pd.DataFrame, spans: pd.DataFrame, phases: list[dict[str, Any
 def _loaded_tokens(spans: pd.DataFrame, request_ids: pd.Series) -> list[int]:
     """Prompt tokens each request loaded from LMCache (its kv.load spans' hit tokens)."""
     loads = spans[spans["name"] == semconv.SPAN_KV_LOAD]
-    hits = loads.assign(hit=[max(int(a.get(semconv.HIT_TOKENS, 0)), 0)
-                             for a in loads["attributes"]])
+    hits = loads.assign(hit=[max(int(0 if v is None else v), 0)
+                             for v in spantable.values(loads, semconv.HIT_TOKENS)])
     by_request = hits.groupby("request_id")["hit"].sum()
     return [int(by_request.get(rid, 0)) for rid in request_ids]
 

@@ -1,69 +1,186 @@
-"""Benchmark: attribution time vs the time to load the same tables (target ratio <= 3).
+"""Benchmark: a day of a busy server and more, analysed from the columnar span table.
 
-    .venv/bin/python bench/attribution.py [--requests 100000]
+    .venv/bin/python bench/attribution.py [--requests 100000 300000 1000000]
+        [--runs DIR] [--baseline CHECKOUT] [--old-up-to 300000] [--dask-up-to 100000]
 
-Builds a synthetic run (10 spans and 10 block I/Os per request), then times, side by side in
-one process: load_run (parquet tables + OTLP JSON spans through opentelemetry-proto), a plain
-parquet read of the same tables with the spans already tabular, and attribute(). It prints
-attribute / load_run and attribute / parquet-only; the second is the strict figure, since
-OTLP JSON parsing dominates load_run. The synthetic lanes are separate worker processes, so no
-request waits on another's work; attribute() is timed a second time with every span moved into
-one process, where the concurrent lanes do wait on each other (the batch-aware path at work).
+For each size, a synthetic run (10 spans and 10 block I/Os per request, spans written as OTLP
+JSON like the tracer's; kept in --runs DIR to reuse) is measured step by step, each step in a
+fresh process so its peak RSS is its own:
+
+- old: load_run + attribute() of the code in --baseline (a checkout from before the span
+  table: spans parsed by protobuf into an attribute dict each), where it fits in memory;
+- convert: OTLP JSON -> RUN/spans.parquet (once per run: `kvscope analyze` does it first);
+- plain: a plain parquet read of the same tables and columns the new load reads;
+- new: load_run(typed=True) from spans.parquet + attribution in slices (what analyze runs);
+- dask: the same through `kvscope analyze --engine dask` on a local cluster of 2 workers.
+
+It prints time and peak RSS per step, load / plain (target <= 2), the new path's total at
+1M requests (target <= 60 s, <= 4 GB), and whether the old, new and Dask rows are identical
+(and equal the synthetic truth).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from kvscope import analysis
-from kvscope.testkit import synthetic
+HERE = Path(__file__).resolve().parents[1]
 
 
-def _timed(fn, *args):
+def _make(path: Path, n: int) -> Path:
+    from kvscope.testkit import synthetic
+
+    if not (path / synthetic.EXPECTED_FILE).exists():
+        synthetic.make_run(path, n_requests=n, seed=1, hit_ratio=1.0, reads_per_request=2,
+                           ios_per_request=10, encoder="direct")
+    return path
+
+
+def _step(name: str, run: Path, rows: Path) -> dict[str, Any]:
+    """One measured step, in this process (called through _spawn)."""
+    out: dict[str, Any] = {}
     start = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - start
+    if name == "old":
+        from kvscope import analysis
+        loaded = analysis.load_run(run)
+        out["load_s"] = time.perf_counter() - start
+        frame = analysis.attribute(loaded)
+        out["spans"] = len(loaded.spans)
+    elif name == "convert":
+        from kvscope.analysis import spantable
+        from kvscope.analysis.run import clock_offset_ns
+        (run / spantable.FILE).unlink(missing_ok=True)
+        spantable.ensure(run, clock_offset_ns(run))
+        frame = None
+    elif name == "plain":
+        import pyarrow.parquet as pq
+        from kvscope.analysis import spantable
+        from kvscope.contract import spantable as spec
+        tables = [pd.read_parquet(run / f) for f in ("requests.parquet", "block_io.parquet",
+                                                     "queue_depth.parquet")]
+        present = pq.read_schema(run / spantable.FILE).names
+        typed = [k for k in spec.TYPED_ATTRIBUTES if k in present]
+        pq.read_table(run / spantable.FILE, columns=[*spec.ANALYSIS_COLUMNS, *typed]).to_pandas()
+        out["tables"] = len(tables)
+        frame = None
+    elif name == "new":
+        from kvscope import analysis
+        from kvscope.analysis import slices
+        loaded = analysis.load_run(run, typed=True)
+        out["load_s"] = time.perf_counter() - start
+        frame = slices.attribute(loaded.requests, loaded.spans, loaded.block_io,
+                                 loaded.request_notes)
+        out["spans"] = len(loaded.spans)
+    elif name == "dask":
+        from kvscope.analysis import fleet
+        with tempfile.TemporaryDirectory() as tmp:
+            fleet.analyze([run], tmp, engine="dask", workers=2)
+            parts = sorted((Path(tmp) / "parts").glob("*.parquet"))
+            frame = fleet.read_parts([str(p) for p in parts]).drop(
+                columns=["run_id", "server", "device", "backend", "hour"])
+    else:
+        raise ValueError(name)
+    out["s"] = time.perf_counter() - start
+    out["rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    if frame is not None:
+        frame.to_parquet(rows, index=False)
+    return out
 
 
-def _parquet_only(run_path: Path, spans_file: Path) -> tuple:
-    tables = [pd.read_parquet(run_path / f) for f in
-              ("requests.parquet", "block_io.parquet", "queue_depth.parquet")]
-    spans = pd.read_parquet(spans_file)
-    spans["attributes"] = [json.loads(a) for a in spans["attributes"]]
-    return tables, spans
+def _spawn(name: str, run: Path, rows: Path, pythonpath: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    done = subprocess.run([sys.executable, __file__, "--step", name, "--run", str(run),
+                           "--rows", str(rows)], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"step {name} on {run} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _same(a: Path, b: Path) -> str:
+    left, right = pd.read_parquet(a), pd.read_parquet(b)
+    try:
+        pd.testing.assert_frame_equal(left, right)
+    except AssertionError as e:
+        return f"DIFFERENT ({str(e).splitlines()[0]})"
+    return "identical"
+
+
+def _truth(run: Path, rows: Path) -> str:
+    from kvscope.testkit import synthetic
+
+    truth, got = synthetic.expected(run), pd.read_parquet(rows)
+    columns = [c for c in truth.columns if c.endswith("_ns")]
+    equal = (got[columns].astype("int64").to_numpy() == truth[columns].to_numpy()).all()
+    return "equals the synthetic truth" if equal else "DIFFERS from the synthetic truth"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--requests", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--runs", type=Path, help="keep the synthetic runs here (reused)")
+    parser.add_argument("--baseline", type=Path, help="checkout of the code before the span "
+                        "table, for the old path (git archive main | tar -x -C DIR)")
+    parser.add_argument("--old-up-to", type=int, default=300_000,
+                        help="largest run the old path is measured on (it needs ~35 KB/request)")
+    parser.add_argument("--dask-up-to", type=int, default=100_000)
+    parser.add_argument("--skip", nargs="*", default=[], choices=("old", "convert", "dask"),
+                        help="steps to leave out (convert: use the run's spans.parquet as is)")
+    parser.add_argument("--step", help=argparse.SUPPRESS)
+    parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.step:
+        print(json.dumps(_step(args.step, args.run, args.rows)))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
-        path, made = _timed(lambda: synthetic.make_run(
-            Path(tmp) / "run", n_requests=args.requests, seed=1, hit_ratio=1.0,
-            reads_per_request=2, ios_per_request=10))
-        run, load = _timed(analysis.load_run, path)
-        spans_file = Path(tmp) / "spans.parquet"
-        run.spans.assign(attributes=[json.dumps(a) for a in run.spans["attributes"]]).to_parquet(spans_file)
-        _, parquet = _timed(_parquet_only, path, spans_file)
-        frame, attribute = _timed(analysis.attribute, run)
-        run.spans["pid"] = run.spans["pid"].min()
-        shared, attribute_shared = _timed(analysis.attribute, run)
-    joined = int(frame["block_io_count"].sum())
-    print(f"requests {len(frame)}  spans {len(run.spans)}  block I/Os {len(run.block_io)} "
-          f"(joined {joined})  make_run {made:.1f} s")
-    print(f"load_run {load:.2f} s  parquet-only load {parquet:.2f} s  attribute {attribute:.2f} s")
-    print(f"ratio attribute / load_run      = {attribute / load:.3f}")
-    print(f"ratio attribute / parquet-only  = {attribute / parquet:.3f}  (target <= 3)")
-    waited = shared[[c for c in shared.columns if c.startswith("batch_")]].sum(axis=1)
-    print(f"one shared worker: attribute {attribute_shared:.2f} s, {int((waited > 0).sum())} "
-          f"requests waited on the batch; ratio / parquet-only = {attribute_shared / parquet:.3f}")
+        runs = args.runs or Path(tmp)
+        for n in args.requests:
+            _bench(n, runs, Path(tmp), args)
     return 0
+
+
+def _bench(n: int, runs: Path, tmp: Path, args: argparse.Namespace) -> None:
+    start = time.perf_counter()
+    run = _make(runs / f"run-{n}", n)
+    print(f"== {n} requests (run ready in {time.perf_counter() - start:.0f} s)", flush=True)
+    steps = ["convert", "plain", "new"]
+    if args.baseline and n <= args.old_up_to:
+        steps.insert(0, "old")
+    if n <= args.dask_up_to:
+        steps.append("dask")
+    steps = [s for s in steps if s not in args.skip]
+    got = {}
+    for name in steps:
+        path = args.baseline if name == "old" else HERE
+        got[name] = _spawn(name, run, tmp / f"{name}-{n}.parquet", path)
+        r = got[name]
+        load = f"  load {r['load_s']:.1f} s, attribute {r['s'] - r['load_s']:.1f} s" \
+            if "load_s" in r else ""
+        print(f"  {name:8s} {r['s']:7.1f} s  peak RSS {r['rss_gb']:5.2f} GB{load}", flush=True)
+    new, plain = got["new"], got["plain"]
+    print(f"  spans {new['spans']}; new load / plain parquet read = "
+          f"{new['load_s'] / plain['s']:.2f} (target <= 2)")
+    print(f"  new path: {new['s']:.1f} s, {new['rss_gb']:.2f} GB (1M target: <= 60 s, <= 4 GB)")
+    rows = {name: tmp / f"{name}-{n}.parquet" for name in ("old", "new", "dask") if name in got}
+    print(f"  new rows {_truth(run, rows['new'])}")
+    if "old" in got:
+        old = got["old"]
+        print(f"  old path: {old['s']:.1f} s, {old['rss_gb']:.2f} GB; new / old time "
+              f"{new['s'] / old['s']:.3f}, memory {new['rss_gb'] / old['rss_gb']:.3f}; "
+              f"rows {_same(rows['old'], rows['new'])}")
+    if "dask" in got:
+        print(f"  dask rows vs in-process rows: {_same(rows['new'], rows['dask'])}")
 
 
 if __name__ == "__main__":

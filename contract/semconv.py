@@ -5,8 +5,8 @@ our own lives under `kvscope.`, lower_snake, with the unit in the name. ATTRIBUT
 what type of value each key carries: backends that store spans in a form of their own (Jaeger
 keeps an array as its JSON text) give it back otherwise, and contract.otlp_json restores it.
 Spans are stored as OTLP JSON in RUN/spans/ (rundir.SPANS_DIR, format contract.otlp_json);
-readers turn them into one frame of SPAN_COLUMNS (analysis.otlp), which analysis also writes
-as spans.parquet.
+readers turn them into one frame of SPAN_COLUMNS, through the span table analysis writes as
+spans.parquet.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ ATTRIBUTE_TYPES: dict[str, ValueType] = {
     SERVICE_NAME: STRING, PROCESS_PID: INT,
 }
 
-# The columns of a run's spans as readers hold them (and as spans.parquet stores them):
-# times are the run's monotonic ns, `attributes` a dict (JSON text in spans.parquet),
-# `service` / `pid` the emitting process's resource (`pid` NO_PID when it has none).
+# The columns of a run's spans as readers hold them: times are the run's monotonic ns,
+# `attributes` a dict, `service` / `pid` the emitting process's resource (`pid` NO_PID when
+# it has none). spans.parquet stores them as contract.spantable.SCHEMA.
 SPAN_COLUMNS = (
     "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "request_id",
     "attributes", "service", "pid",

@@ -36,7 +36,7 @@ def make_run(path: str | Path, *, n_requests: int, seed: int = 0, concurrency: i
              phases: tuple[str, ...] = ("cold",), reads_per_request: int = 2,
              ios_per_request: int = 10, hit_ratio: float = 0.8, nvme: bool = False,
              io_bytes: int = 1 << 20, spans_per_file: int = 50_000,
-             ledger: bool = False) -> Path:
+             ledger: bool = False, encoder: str = "sdk") -> Path:
     """Write a complete run (the contract's current schema) at `path` (which must not hold a run) and return it.
 
     Requests are split evenly over `phases`, run one after another; within a phase,
@@ -48,6 +48,9 @@ def make_run(path: str | Path, *, n_requests: int, seed: int = 0, concurrency: i
     chunks, a prefix served by vLLM (from its kv.lookup's vllm_cached_tokens), the CPU and
     the disk tier, the rest missed for a drawn reason), and its prefill span the number of
     tokens it computed; the truth then has the attribution's ledger columns.
+
+    `encoder`: "sdk" (spans through the OpenTelemetry SDK and the tracer's encoder) or
+    "direct" (the same documents built as dicts: for runs of millions of spans).
     """
     if n_requests < 0 or concurrency < 1 or reads_per_request < 1 or ios_per_request < 1:
         raise ValueError("n_requests >= 0, concurrency, reads_per_request, ios_per_request >= 1")
@@ -60,7 +63,8 @@ def make_run(path: str | Path, *, n_requests: int, seed: int = 0, concurrency: i
     chunks = _ledger_chunks(np.random.default_rng(seed + 1), plan) if ledger else None
     path = synthetic_write.write(Path(path), plan, reads, io, nvme=nvme, seed=seed,
                                  concurrency=concurrency, phases=phases,
-                                 spans_per_file=spans_per_file, chunks=chunks)
+                                 spans_per_file=spans_per_file, chunks=chunks,
+                                 encoder=encoder)
     truth = _truth(plan, io)
     if chunks is not None:
         truth = pd.concat([truth, _ledger_truth(chunks, len(plan))], axis=1)

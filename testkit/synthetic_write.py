@@ -1,9 +1,10 @@
 """Write a synthetic plan (testkit.synthetic) out as a run directory, as producers do.
 
-Tables go through contract.rundir (the same schema checks as every producer); spans are SDK
-spans encoded by the tracer's own OTLP JSON encoding, so the test kit cannot write a document
-the tracer would not. That costs about 30 s per million spans (bench/attribution.py's 100k
-requests); the tests' runs have a few thousand.
+Tables go through contract.rundir (the same schema checks as every producer). Spans are SDK
+spans encoded by the tracer's own OTLP JSON encoding (`encoder="sdk"`), so the test kit cannot
+write a document the tracer would not; that costs about 100 us per span. `encoder="direct"`
+builds the same documents as plain dicts and writes them with msgspec (a few us per span, for
+the benchmarks' millions of spans); a test holds the two to the same parsed documents.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -19,7 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from kvscope.contract import rundir, semconv
+from kvscope.contract import otlp_json, rundir, semconv
 from kvscope.tracer.fileexport import span_file
 
 OFFSET_NS = 1_700_000_000 * 10**9 - 50_000 * 10**9  # epoch = monotonic + this
@@ -27,16 +29,19 @@ KV_BYTES_PER_TOKEN = 262_144  # Qwen2.5-32B, bf16
 PROMPT_TOKENS = 8192  # every synthetic prompt
 LEDGER_SPAN_NO = 31  # a request's kv.ledger span number (reads are 9, 10, ...)
 LANE_PID = 20_000  # lane k's spans come from process LANE_PID + k (lanes never share a worker)
+SERVICE = "kvscope-synthetic"
+SCOPE = "kvscope.synthetic"
 
 
 def write(path: Path, plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame, *,
           nvme: bool, seed: int, concurrency: int, phases: tuple[str, ...],
-          spans_per_file: int, chunks: pd.DataFrame | None = None) -> Path:
+          spans_per_file: int, chunks: pd.DataFrame | None = None,
+          encoder: str = "sdk") -> Path:
     """Create the run: manifest, requests, spans, block I/O, queue depth (and NVMe)."""
     rundir.create(path, _manifest(path, plan, seed, concurrency, phases))
     plan = plan.assign(phase=np.asarray(phases)[plan["phase_no"].to_numpy()])
     rundir.append_table(path, "requests", _requests(plan, concurrency))
-    _write_spans(path, _spans(plan, reads, io, chunks), spans_per_file)
+    _write_spans(path, _spans(plan, reads, io, chunks), spans_per_file, encoder)
     block = _block_table(plan, io, seed)
     rundir.append_table(path, "block_io", block)
     rundir.append_table(path, "queue_depth", _queue_depth(block))
@@ -167,34 +172,66 @@ def _ledger_attributes(spans: pd.DataFrame, chunks: pd.DataFrame) -> None:
         spans.at[i, "attrs"] = {semconv.PREFILL_TOKENS: int(computed[spans.at[i, "key"]])}
 
 
-def _write_spans(path: Path, spans: pd.DataFrame, per_file: int) -> None:
+def _write_spans(path: Path, spans: pd.DataFrame, per_file: int, encoder: str) -> None:
     """The spans as OTLP JSON documents of at most `per_file` spans, encoded as the tracer's
-    file exporter encodes its batches (SDK spans -> ExportTraceServiceRequest -> hex-id JSON)."""
-    sdk_spans = _sdk_spans(spans)
-    for number, first in enumerate(range(0, max(len(sdk_spans), 1), per_file)):
-        (path / rundir.SPANS_DIR / f"synthetic-{number:04d}.json").write_text(
-            span_file(sdk_spans[first:first + per_file]))
+    file exporter encodes its batches (SDK spans -> ExportTraceServiceRequest -> hex-id JSON),
+    or built directly in that form (`encoder="direct"`)."""
+    encode = {"sdk": lambda chunk: span_file(_sdk_spans(chunk)).encode(),
+              "direct": lambda chunk: msgspec.json.encode(_direct_document(chunk))}[encoder]
+    for number, first in enumerate(range(0, max(len(spans), 1), per_file)):
+        (path / rundir.SPANS_DIR / f"synthetic-{number:04d}.json").write_bytes(
+            encode(spans.iloc[first:first + per_file]))
+
+
+def _direct_document(spans: pd.DataFrame) -> dict[str, Any]:
+X
+    by_lane: dict[int, list[dict[str, Any]]] = {}
+    for row in spans.itertuples(index=False):
+        key, number, parent_number = int(row.key), int(row.no), int(row.parent)
+        span: dict[str, Any] = {"traceId": _trace_id(key), "spanId": f"{key * 32 + number:016x}"}
+        if parent_number:
+            span["parentSpanId"] = f"{key * 32 + parent_number:016x}"
+        attributes = _attributes(row)
+        span.update({
+            "name": row.name, "kind": SpanKind.INTERNAL.value + 1,  # OTLP's number for it
+            "startTimeUnixNano": str(int(row.start) + OFFSET_NS),
+            "endTimeUnixNano": str(int(row.end) + OFFSET_NS),
+            "attributes": otlp_json.json_attributes(attributes),
+            "status": {}, "flags": 256})
+        by_lane.setdefault(int(row.lane), []).append(span)
+    return {"resourceSpans": [
+        {"resource": {"attributes": otlp_json.json_attributes(
+            {semconv.SERVICE_NAME: SERVICE, semconv.PROCESS_PID: LANE_PID + lane})},
+         "scopeSpans": [{"scope": {"name": SCOPE}, "spans": lane_spans}]}
+        for lane, lane_spans in by_lane.items()]}
+
+
+def _attributes(row: Any) -> dict[str, Any]:
+    """A span row's attributes: its request and phase, a read's bytes and reader thread, and
+    any the row carries (the chunk ledger's)."""
+    attributes: dict[str, Any] = {semconv.REQUEST_ID: row.request_id, semconv.PHASE: row.phase}
+    if row.name == semconv.SPAN_STORAGE_READ:
+        attributes[semconv.READ_BYTES] = int(row.read_bytes)
+        attributes[semconv.READER_TIDS] = [int(row.tid)]
+    extra = getattr(row, "attrs", None)
+    if isinstance(extra, dict):
+        attributes.update(extra)
+    return attributes
+
 
 
 def _sdk_spans(spans: pd.DataFrame) -> list[ReadableSpan]:
     """One finished SDK span per row; each lane is its own vLLM process (its own resource)."""
-    resources = {lane: Resource({"service.name": "kvscope-synthetic",
-                                 "process.pid": LANE_PID + int(lane)})
+    resources = {lane: Resource({semconv.SERVICE_NAME: SERVICE,
+                                 semconv.PROCESS_PID: LANE_PID + int(lane)})
                  for lane in spans["lane"].unique()}
-    scope = InstrumentationScope("kvscope.synthetic")
+    scope = InstrumentationScope(SCOPE)
     flags = TraceFlags(TraceFlags.SAMPLED)
     out = []
     for row in spans.itertuples(index=False):
         key, number, parent_number = int(row.key), int(row.no), int(row.parent)
         trace_id = int(_trace_id(key), 16)
-        attributes: dict[str, Any] = {semconv.REQUEST_ID: row.request_id,
-                                      semconv.PHASE: row.phase}
-        if row.name == semconv.SPAN_STORAGE_READ:
-            attributes[semconv.READ_BYTES] = int(row.read_bytes)
-            attributes[semconv.READER_TIDS] = [int(row.tid)]
-        extra = getattr(row, "attrs", None)
-        if isinstance(extra, dict):
-            attributes.update(extra)
+        attributes = _attributes(row)
         parent = (SpanContext(trace_id, key * 32 + parent_number, False, flags)
                   if parent_number else None)
         out.append(ReadableSpan(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -65,3 +66,13 @@ def test_loaded_spans_are_on_the_monotonic_clock_with_request_ids(synthetic_run)
     assert len(run.nvme_io) == len(run.block_io) > 0
     lanes = run.spans.groupby("pid")["request_id"].nunique()  # one vLLM process per lane
     assert set(run.spans["service"]) == {"kvscope-synthetic"} and len(lanes) == 4
+
+
+def test_direct_encoder_writes_the_sdk_encoders_documents(tmp_path):
+    documents = {}
+    for encoder in ("sdk", "direct"):
+        path = synthetic.make_run(tmp_path / encoder, n_requests=120, seed=5, ledger=True,
+                                  spans_per_file=300, encoder=encoder)
+        documents[encoder] = [json.loads(f.read_text())
+                              for f in sorted((path / "spans").glob("*.json"))]
+    assert len(documents["sdk"]) > 1 and documents["direct"] == documents["sdk"]
