@@ -10,7 +10,7 @@ the benchmarks' millions of spans); a test holds the two to the same parsed docu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import msgspec
 import numpy as np
@@ -186,7 +186,8 @@ def _write_spans(path: Path, spans: pd.DataFrame, per_file: int, encoder: str) -
 def _direct_document(spans: pd.DataFrame) -> dict[str, Any]:
     """What span_file writes for these spans' SDK spans, built without them."""
     by_lane: dict[int, list[dict[str, Any]]] = {}
-    for row in spans.itertuples(index=False):
+    rows: Iterable[Any] = spans.itertuples(index=False)
+    for row in rows:
         key, number, parent_number = int(row.key), int(row.no), int(row.parent)
         span: dict[str, Any] = {"traceId": _trace_id(key), "spanId": f"{key * 32 + number:016x}"}
         if parent_number:

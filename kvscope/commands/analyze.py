@@ -59,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace, runs: list[str]) -> int:
-    from tabulate import tabulate
-
     from kvscope.analysis import fleet
 
     if not getattr(args, "out", None):
@@ -79,5 +77,5 @@ def _fleet(args: argparse.Namespace, runs: list[str]) -> int:
         return 2
     print(f"{len(runs)} runs -> {args.out}/parts/ (every request), "
           f"{args.out}/fleet_summary.parquet")
-    print(tabulate(summary, headers="keys", showindex=False, floatfmt=".3g"))
+    print(summary.to_string(index=False, float_format="{:.3g}".format))
     return 0
