@@ -68,6 +68,7 @@ def attribute_run(path: str | Path) -> tuple[Run, pd.DataFrame]:
     current) and its attribution, computed in slices (analysis.slices)."""
     path = Path(path)
     if path.is_dir() and spantable.span_files(path):
+        rundir.check_readable(path)  # a tampered manifest is refused before any span is read
         spantable.ensure(path, clock_offset_ns(path))
     run = load_run(path, typed=True)
     return run, slices.attribute(run.requests, run.spans, run.block_io, run.request_notes)
