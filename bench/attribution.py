@@ -14,9 +14,10 @@ fresh process so its peak RSS is its own:
 - new: load_run(typed=True) from spans.parquet + attribution in slices (what analyze runs);
 - dask: the same through `kvscope analyze --engine dask` on a local cluster of 2 workers.
 
-It prints time and peak RSS per step, load / plain (target <= 2), the new path's total at
-1M requests (target <= 60 s, <= 4 GB), and whether the old, new and Dask rows are identical
-(and equal the synthetic truth).
+It prints wall time, CPU time (a step is single-threaded, so on a shared machine CPU time is
+what it would take on an idle core) and peak RSS per step, load / plain (target <= 2), the new
+path's total at 1M requests (target <= 60 s, <= 4 GB), and whether the old, new and Dask rows
+are identical (and equal the synthetic truth). The Dask step's RSS is the client's alone.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def _step(name: str, run: Path, rows: Path) -> dict[str, Any]:
     else:
         raise ValueError(name)
     out["s"] = time.perf_counter() - start
-    out["rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime  # what a shared, loaded machine cannot skew
+    out["rss_gb"] = usage.ru_maxrss / 1e6
     if frame is not None:
         frame.to_parquet(rows, index=False)
     return out
@@ -167,7 +170,8 @@ def _bench(n: int, runs: Path, tmp: Path, args: argparse.Namespace) -> None:
         r = got[name]
         load = f"  load {r['load_s']:.1f} s, attribute {r['s'] - r['load_s']:.1f} s" \
             if "load_s" in r else ""
-        print(f"  {name:8s} {r['s']:7.1f} s  peak RSS {r['rss_gb']:5.2f} GB{load}", flush=True)
+        print(f"  {name:8s} {r['s']:7.1f} s (CPU {r['cpu_s']:6.1f} s)  peak RSS "
+              f"{r['rss_gb']:5.2f} GB{load}", flush=True)
     new, plain = got["new"], got["plain"]
     print(f"  spans {new['spans']}; new load / plain parquet read = "
           f"{new['load_s'] / plain['s']:.2f} (target <= 2)")
