@@ -98,7 +98,8 @@ def _holding(path: Path | None, table: pa.Table) -> list[str]:
         group = meta_.row_group(g)
         for i, name in enumerate(names):
             stats = group.column(i).statistics
-            if stats is None or not stats.has_null_count or stats.null_count < group.num_rows:
+            nulls = stats.null_count if stats is not None else None
+            if nulls is None or nulls < group.num_rows:
                 holding.add(name)
     return [k for k in spec.TYPED_ATTRIBUTES if k in holding]
 
@@ -228,9 +229,11 @@ def typed_frame(table: pa.Table) -> pd.DataFrame:
     """The spans with typed attribute columns and no per-span Python objects (no ids, no
     `attributes`; names, request ids and services as categoricals): what analysis reads.
     Attribute columns no span has are left out."""
-    out = pa.table({name: table[name].dictionary_encode() if pa.types.is_string(
-        table.schema.field(name).type) else table[name] for name in spec.ANALYSIS_COLUMNS}
-    ).to_pandas()
+    base = table.select(list(spec.ANALYSIS_COLUMNS))
+    for i, field in enumerate(base.schema):
+        if pa.types.is_string(field.type):
+            base = base.set_column(i, field.name, base[field.name].dictionary_encode())
+    out = base.to_pandas()
     for key in spec.TYPED_ATTRIBUTES:
         if key == semconv.REQUEST_ID or key not in table.column_names:
             continue  # request_id is its own column; a column not read holds nothing

@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from kvscope.contract import semconv
 
-_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+_ARROW: dict[type, pa.DataType] = {str: pa.string(), int: pa.int64(), float: pa.float64(),
+                                   bool: pa.bool_()}
 
 
 def arrow_type(value_type: semconv.ValueType) -> pa.DataType:
@@ -35,12 +36,14 @@ ANALYSIS_KEYS = (
 TYPED_ATTRIBUTES: dict[str, pa.DataType] = {
     key: arrow_type(semconv.ATTRIBUTE_TYPES[key]) for key in ANALYSIS_KEYS}
 REST = "attributes"  # JSON text of the span's other attributes
-SPAN_FIELDS = (  # SPAN_COLUMNS but `attributes`, in the order analysis.otlp's rows hold them
+# SPAN_COLUMNS but `attributes`, in the order analysis.otlp's rows hold them
+SPAN_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
     ("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
     ("request_id", pa.string()), ("service", pa.string()), ("pid", pa.int64()),
 )
-SCHEMA = pa.schema([*SPAN_FIELDS, *TYPED_ATTRIBUTES.items(), (REST, pa.string())])
+SCHEMA = pa.schema([pa.field(name, kind) for name, kind in
+                    (*SPAN_FIELDS, *TYPED_ATTRIBUTES.items(), (REST, pa.string()))])
 # What analysis reads of every span besides the typed attributes (no ids: the table is clean)
 ANALYSIS_COLUMNS = tuple(name for name, _ in SPAN_FIELDS if not name.endswith("_id")) + (
     "request_id",)
