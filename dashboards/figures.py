@@ -258,7 +258,8 @@ def build_percentiles(percentiles: pd.DataFrame, columns: int = 4) -> go.Figure:
                 x=points["concurrency"].astype(int).tolist(), y=points["ms"].round(3).tolist(),
                 mode="lines+markers", name=text(line), legendgroup=text(line),
                 showlegend=i == 0 and stat == "p50",
-                line={"color": colors[run], "dash": SHOWN_PERCENTILES[stat], "width": 2},
+                line={"color": colors[str(run)], "dash": SHOWN_PERCENTILES[str(stat)],
+                      "width": 2},
                 marker={"symbol": "diamond-open" if warm else "circle", "size": 7},
                 hovertemplate=(f"{text(line)} {stat}: %{{y:.1f}} ms at c=%{{x}}"
                                "<extra></extra>")), **_cell(i, cols))

@@ -434,13 +434,13 @@ def peer_comparisons(runs: dict[str, Path]) -> pd.DataFrame:
     if CANDIDATE not in runs:
         return pd.DataFrame()
     ours = outputs.load_attribution(runs[CANDIDATE])
-    our_requests = rundir.read_table(runs[CANDIDATE], "requests")
+    our_requests = _requests(runs[CANDIDATE])
     rows = []
     for profile, run in runs.items():
         if profile == CANDIDATE:
             continue
         theirs = outputs.load_attribution(run)
-        their_requests = rundir.read_table(run, "requests")
+        their_requests = _requests(run)
         for phase in sorted(set(theirs["phase"]) & set(ours["phase"])):
             if not phase.startswith("cold"):
                 continue
@@ -456,6 +456,13 @@ def peer_comparisons(runs: dict[str, Path]) -> pd.DataFrame:
                 "rps_hi": rps.ratio_hi if rps is not None else math.nan,
             })
     return pd.DataFrame(rows)
+
+
+def _requests(run: Path) -> pd.DataFrame:
+    table = rundir.read_table(run, "requests")
+    if table is None:
+        raise ValueError(f"{run}: no requests table; is it a run directory?")
+    return table
 
 
 def _standing(lo: float, hi: float) -> str:
@@ -474,16 +481,17 @@ def peer_verdicts(table: pd.DataFrame, compared: pd.DataFrame) -> list[str]:
         return []
     rows = table.set_index(["profile", "phase"])
     lines = []
-    for c in compared.itertuples():
-        if (c.profile, c.phase) not in rows.index or (CANDIDATE, c.phase) not in rows.index:
+    for c in compared.to_dict("records"):
+        profile, phase = str(c["profile"]), str(c["phase"])
+        if (profile, phase) not in rows.index or (CANDIDATE, phase) not in rows.index:
             continue
-        them, us = rows.loc[(c.profile, c.phase)], rows.loc[(CANDIDATE, c.phase)]
-        standing = _standing(c.ttft_lo, c.ttft_hi)
-        line = (f"`{c.profile}` {c.phase}: kvscope {standing}: TTFT p50 "
-                f"{c.kvscope_ttft_p50_s:.3f} s vs {c.their_ttft_p50_s:.3f} s ({c.ttft_ratio:.2f}x, "
-                f"CI {c.ttft_lo:.2f}-{c.ttft_hi:.2f}); requests/s {c.rps_ratio:.2f}x (CI "
-                f"{c.rps_lo:.2f}-{c.rps_hi:.2f}). `{c.profile}`: {_bound_words(them)}; kvscope: "
-                f"{_bound_words(us)}")
+        them, us = rows.loc[(profile, phase)], rows.loc[(CANDIDATE, phase)]
+        standing = _standing(float(c["ttft_lo"]), float(c["ttft_hi"]))
+        line = (f"`{profile}` {phase}: kvscope {standing}: TTFT p50 "
+                f"{c['kvscope_ttft_p50_s']:.3f} s vs {c['their_ttft_p50_s']:.3f} s "
+                f"({c['ttft_ratio']:.2f}x, CI {c['ttft_lo']:.2f}-{c['ttft_hi']:.2f}); requests/s "
+                f"{c['rps_ratio']:.2f}x (CI {c['rps_lo']:.2f}-{c['rps_hi']:.2f}). `{profile}`: "
+                f"{_bound_words(them)}; kvscope: {_bound_words(us)}")
         if standing == "behind":
             gaps = sorted(((getattr(us, f"{part}_p50_s") - getattr(them, f"{part}_p50_s"), part)
                            for part in ("queueing", "kv_lookup", "storage_read", "transfer",

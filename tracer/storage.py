@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from opentelemetry import context as otel_context
 
@@ -155,17 +155,7 @@ def on_fs_read(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     its thread to the batch of its key (the file's name is the key's text)."""
     path = str(args[0] if args else kwargs.get("file_path"))
     key = path.rsplit("/", 1)[-1].removesuffix(".data").replace("-SEP-", "/")
-    with _lock:
-        batch = _by_key.get(key)
-        _inflight[0] += 1
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        with _lock:
-            _inflight[0] -= 1
-            if batch is not None:
-                batch.tids.add(threading.get_native_id())
-                batch.reads += 1
+    return _reported_read(key, lambda: wrapped(*args, **kwargs), 0)
 
 
 def peer_label(instance: Any) -> str | None:
@@ -210,18 +200,25 @@ def _rust_io_threads() -> set[int]:
 def on_stock_read_file(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Wraps LocalDiskBackend.read_file(key, buffer, path), on the reader thread."""
     key = args[0] if args else kwargs.get("key")
+    buffer = args[1] if len(args) > 1 else kwargs.get("buffer")
+    return _reported_read(key, lambda: wrapped(*args, **kwargs),
+                          len(buffer) if buffer is not None else 0)
+
+
+def _reported_read(key: Any, read: Callable[[], Any], nbytes: int) -> Any:
+    """Run one reader thread's read of `key`, counted in flight, and report its thread, bytes
+    and count to the batch that registered the key (if any)."""
     with _lock:
         batch = _by_key.get(key)
         _inflight[0] += 1
     try:
-        return wrapped(*args, **kwargs)
+        return read()
     finally:
         with _lock:
             _inflight[0] -= 1
             if batch is not None:
-                buffer = args[1] if len(args) > 1 else kwargs.get("buffer")
                 batch.tids.add(threading.get_native_id())
-                batch.bytes += len(buffer) if buffer is not None else 0
+                batch.bytes += nbytes
                 batch.reads += 1
 
 
