@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="study directory (default runs/demo-<time>)")
     p.add_argument("--model", default=d.model)
-    p.add_argument("--profiles", default=",".join(d.profiles))
+    p.add_argument("--profiles", default=",".join(d.profiles),
+                   help="comma-separated backend profiles (default: kvscope's two, LMCache's "
+                   "stock and every other LMCache disk path that runs here)")
     p.add_argument("--requests", type=int, default=d.requests)
     p.add_argument("--concurrency", type=_levels, default=d.concurrency)
     p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
