@@ -45,6 +45,7 @@ _in_batch: ContextVar[bool] = ContextVar("kvscope_read_batch", default=False)
 _lock = threading.Lock()
 _by_key: dict[Any, "_Batch"] = {}
 _inflight = [0]
+_rust_threads: set[int] = set()  # the raw-block extension's io_uring threads (_rust_io_threads)
 
 
 @dataclass
@@ -185,7 +186,11 @@ def _key_text(key: Any) -> str:
 
 
 def _rust_io_threads() -> set[int]:
-    """This process's threads of the raw-block extension's io_uring worker, by name."""
+    """This process's threads of the raw-block extension's io_uring worker, by name: found once
+    (a scan of /proc/self/task, ~100 threads in a vLLM worker), then remembered (the worker
+    lives as long as its device is open)."""
+    if _rust_threads:
+        return set(_rust_threads)
     found = set()
     for task in os.scandir("/proc/self/task"):
         try:
@@ -194,6 +199,7 @@ def _rust_io_threads() -> set[int]:
                     found.add(int(task.name))
         except OSError:
             continue  # a thread that ended meanwhile
+    _rust_threads.update(found)
     return found
 
 
