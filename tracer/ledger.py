@@ -66,15 +66,21 @@ def tier_of(backend_name: str) -> str:
     return chunk_outcomes.TIER_OTHER
 
 
+def fs_connection(backend: Any) -> Any:
+    """The FSConnector of a RemoteBackend (LMCache wraps its connectors in an
+    InstrumentedRemoteConnector, holding the connector as `_connector`), else None."""
+    connection = getattr(backend, "connection", None)
+    connection = getattr(connection, "_connector", connection)
+    return connection if type(connection).__name__ == "FSConnector" else None
+
+
 def tier_of_backend(name: str, backend: Any) -> str:
     """The tier of a StorageManager backend by what it is (its class, an fs connection),
     falling back to its name."""
     kind = type(backend).__name__
     if kind == CPU_BACKEND:
         return chunk_outcomes.TIER_CPU
-    if kind in DISK_CLASSES or (
-            kind == "RemoteBackend"
-            and type(getattr(backend, "connection", None)).__name__ == "FSConnector"):
+    if kind in DISK_CLASSES or (kind == "RemoteBackend" and fs_connection(backend) is not None):
         return chunk_outcomes.TIER_DISK
     return tier_of(name)
 
@@ -395,7 +401,7 @@ def on_peer_put(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         args, theirs = args[:3], args[3]
     else:
         theirs = kwargs.pop("on_complete_callback", None)
-    exists = getattr(getattr(instance, "connection", None), "exists_sync", None)
+    exists = getattr(fs_connection(instance), "exists_sync", None)
     reported: set[str] = set()
 
     def done(key: Any) -> None:

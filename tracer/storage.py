@@ -35,6 +35,7 @@ from opentelemetry import context as otel_context
 from kvscope.tracer import async_reads, runtime, spans
 from kvscope.contract import semconv
 from kvscope.contract.host import whole_disk
+from kvscope.tracer.ledger import fs_connection
 from kvscope.tracer.worker import current
 
 STOCK_BACKEND = "lmcache-local-disk"
@@ -165,8 +166,7 @@ def peer_label(instance: Any) -> str | None:
     if type(instance).__name__ == "RustRawBlockBackend":
         extra = getattr(getattr(instance, "config", None), "extra_config", None) or {}
         return RAW_BLOCK_BACKEND + str(extra.get("rust_raw_block.io_engine") or "posix")
-    connection = getattr(instance, "connection", None)
-    if type(connection).__name__ == "FSConnector":
+    if fs_connection(instance) is not None:
         return FS_BACKEND
     return None
 
@@ -176,7 +176,7 @@ def peer_path(instance: Any) -> str:
     device = getattr(instance, "device_path", None)
     if device:
         return str(device)
-    paths = getattr(getattr(instance, "connection", None), "base_paths", None) or [""]
+    paths = getattr(fs_connection(instance), "base_paths", None) or [""]
     return str(paths[0])
 
 
