@@ -496,7 +496,7 @@ def peer_verdicts(table: pd.DataFrame, compared: pd.DataFrame) -> list[str]:
             gaps = sorted(((getattr(us, f"{part}_p50_s") - getattr(them, f"{part}_p50_s"), part)
                            for part in ("queueing", "kv_lookup", "storage_read", "transfer",
                                         "prefill", "other")), reverse=True)
-            needed = [f"{part} by {gap * 1e3:.0f} ms" for gap, part in gaps if gap > 0]
+            needed = [f"{part} by {gap * 1e3:.0f} ms" for gap, part in gaps if gap >= 5e-4]
             line += ("; to pass it kvscope's p50 would have to shrink: " + ", ".join(needed)
                      if needed else "")
         lines.append(line)
