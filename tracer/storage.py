@@ -83,20 +83,29 @@ def _stock_attributes(batch: _Batch, instance: Any) -> dict[str, Any]:
     }
 
 
-def on_stock_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wraps LocalDiskBackend.batched_get_blocking(keys) and get_blocking(key)."""
-    request = current.get()
-    if request is None or _in_batch.get():
-        return wrapped(*args, **kwargs)
+def _get_as_batch(wrapped: Any, args: tuple, kwargs: dict, by_text: bool
+                  ) -> tuple[list[Any], int, _Batch, Any]:
+    """Run a backend's get of `keys` (or `key`) as one batch its reader threads report to, by
+    key (and by the key's text: the fs connector's readers know only the file name). Returns
+    (keys, start ns, batch, the get's result)."""
     keys = args[0] if args else kwargs.get("keys", kwargs.get("key"))
     keys = list(keys) if isinstance(keys, (list, tuple)) else [keys]
     marker = _in_batch.set(True)
     started = time.monotonic_ns()
     try:
-        with _stock_batch(keys) as batch:
+        with _stock_batch([*keys, *(_key_text(k) for k in keys)] if by_text else keys) as batch:
             result = wrapped(*args, **kwargs)
     finally:
         _in_batch.reset(marker)
+    return keys, started, batch, result
+
+
+def on_stock_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps LocalDiskBackend.batched_get_blocking(keys) and get_blocking(key)."""
+    request = current.get()
+    if request is None or _in_batch.get():
+        return wrapped(*args, **kwargs)
+    _, started, batch, result = _get_as_batch(wrapped, args, kwargs, by_text=False)
     spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, started,
                  time.monotonic_ns(), _stock_attributes(batch, instance),
                  parent=otel_context.get_current())
@@ -127,15 +136,7 @@ def on_peer_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     label = peer_label(instance)
     if request is None or label is None or _in_batch.get():
         return wrapped(*args, **kwargs)
-    keys = args[0] if args else kwargs.get("keys", kwargs.get("key"))
-    keys = list(keys) if isinstance(keys, (list, tuple)) else [keys]
-    marker = _in_batch.set(True)
-    started = time.monotonic_ns()
-    try:
-        with _stock_batch([*keys, *(_key_text(k) for k in keys)]) as batch:
-            result = wrapped(*args, **kwargs)
-    finally:
-        _in_batch.reset(marker)
+    keys, started, batch, result = _get_as_batch(wrapped, args, kwargs, by_text=True)
     loaded = [o for o in (result if isinstance(result, list) else [result]) if o is not None]
     if label.startswith(RAW_BLOCK_BACKEND):
         batch.tids |= (_rust_io_threads() if label.endswith("io_uring")
