@@ -40,11 +40,14 @@ from kvscope.dashboards.browser import chromium_options
 
 PORT = 8077  # this tree's app; the baseline's is PORT + 1
 GRAPHS = 4  # breakdown, concurrency, percentiles, waterfall, device (>= 4 drawn)
-# True once every graph on the page has drawn data and the waterfall names a request.
+# True once every graph on the page has drawn its data (or, for a view with nothing to show,
+# such as the chunk section of a run without a chunk ledger, the note saying why) and the
+# waterfall names a request.
 RENDERED_JS = f"""
 const graphs = [...document.querySelectorAll('.js-plotly-plot')];
 const title = document.querySelector('#{ids.WATERFALL_GRAPH} .gtitle');
-return graphs.length >= {GRAPHS} && graphs.every(g => g.data && g.data.length > 0)
+return graphs.length >= {GRAPHS} && graphs.every(g => g._fullLayout && (
+        (g.data && g.data.length > 0) || (g.layout.annotations || []).length > 0))
     && title !== null && title.textContent.includes('TTFT');
 """
 TITLE_CHANGED_JS = f"""

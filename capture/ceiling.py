@@ -130,8 +130,10 @@ def chunk_files(kv_dir: Path, limit_bytes: int) -> list[Path]:
                    key=lambda p: p.stat().st_size, reverse=True)
     chosen, total = [], 0
     for path in files:
-        size = path.stat().st_size
-        if size == 0 or size % 4096 or total >= limit_bytes:
+        st = path.stat()
+        size = st.st_size
+        # a sparse file (a raw-block image) reads its holes as zeros without the disk
+        if size == 0 or size % 4096 or st.st_blocks * 512 < size or total >= limit_bytes:
             continue
         chosen.append(path)
         total += size

@@ -151,7 +151,26 @@ DISK_GET_NON_BLOCKING = Surface(_LOCAL_DISK, "LocalDiskBackend.batched_get_non_b
 DISK_READ_FILE = Surface(_LOCAL_DISK, "LocalDiskBackend.read_file", False,
                          "the stock tier's reader threads, for the block-I/O join")
 
+_RAW_BLOCK = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
+_REMOTE = "lmcache.v1.storage_backend.remote_backend"
+RAW_BLOCK_BATCHED_GET = Surface(_RAW_BLOCK, "RustRawBlockBackend.batched_get_blocking", True,
+                                "storage-read spans for LMCache's raw-block tier (a plugin)")
+RAW_BLOCK_GET = Surface(_RAW_BLOCK, "RustRawBlockBackend.get_blocking", True,
+                        "storage-read spans for LMCache's raw-block tier (a plugin)")
+RAW_BLOCK_PUT = Surface(_RAW_BLOCK, "RustRawBlockBackend.batched_submit_put_task", True,
+                        "the chunk ledger: the raw-block tier's writes, done or failed")
+REMOTE_BATCHED_GET = Surface(_REMOTE, "RemoteBackend.batched_get_blocking", False,
+                             "storage-read spans for LMCache's fs connector")
+REMOTE_GET = Surface(_REMOTE, "RemoteBackend.get_blocking", False,
+                     "storage-read spans for LMCache's fs connector")
+REMOTE_PUT = Surface(_REMOTE, "RemoteBackend.batched_submit_put_task", False,
+                     "the chunk ledger: the fs connector's writes")
+FS_READ = Surface("lmcache.v1.storage_backend.connector.fs_connector",
+                  "FSConnector._get_with_odirect", False,
+                  "the fs connector's reader threads (its O_DIRECT read), for the block-I/O join")
+
 LMCACHE = (STORAGE_PLUGIN, GPU_CONNECTOR, CREATE_GPU_CONNECTOR, DEVICE_TYPE, ENGINE_TYPE,
            PARSE_CACHE_KEY, MEMORY_FORMAT, LMCACHE_LOGGER, ENGINE_STORE, ENGINE_RETRIEVE,
            TO_DEVICE, ENGINE_LOOKUP, STORAGE_CONTAINS, STORAGE_PUT, CPU_REMOVE, DISK_BATCHED_GET, DISK_GET,
-           DISK_GET_NON_BLOCKING, DISK_READ_FILE)
+           DISK_GET_NON_BLOCKING, DISK_READ_FILE, RAW_BLOCK_BATCHED_GET, RAW_BLOCK_GET,
+           RAW_BLOCK_PUT, REMOTE_BATCHED_GET, REMOTE_GET, REMOTE_PUT, FS_READ)

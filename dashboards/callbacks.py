@@ -161,15 +161,18 @@ def download(runs: dict[str, RunData], name: str, labels: list[str] | None,
 
 def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nvme: bool) -> None:
     """Bind the update functions to the app's ids, with `runs` closed over."""
+    # Every server callback below starts with prevent_initial_call: the layout holds the views
+    # as the page opens (app.initial_views), so a page load builds no figure.
     @app.callback(Output(ids.BREAKDOWN_GRAPH, "figure"), Input(ids.RUNS, "value"),
-                  Input(ids.PHASE, "value"), Input(ids.SORT, "value"))
+                  Input(ids.PHASE, "value"), Input(ids.SORT, "value"),
+                  prevent_initial_call=True)
     def _breakdown(labels, phase, sort_by):
         return update_breakdown(runs, labels, phase, sort_by)
 
     @app.callback(Output(ids.CONCURRENCY_GRAPH, "figure"), Output(ids.PERCENTILE_GRAPH, "figure"),
                   Output(ids.THROUGHPUT_GRAPH, "figure"),
                   Output(ids.FINDINGS, "children"), Input(ids.RUNS, "value"),
-                  Input(ids.PHASE, "value"))
+                  Input(ids.PHASE, "value"), prevent_initial_call=True)
     def _summary(labels, phase):
         return update_summary_views(runs, labels, phase)
 
@@ -194,16 +197,18 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
                             Output(ids.WATERFALL_GRAPH, "figure"), Input(ids.REQUEST, "value"))
 
     @app.callback(Output(ids.JAEGER_LINK, "children"), Output(ids.REQUEST_DETAILS, "children"),
-                  Input(ids.REQUEST, "value"))
+                  Input(ids.REQUEST, "value"), prevent_initial_call=True)
     def _request(key):
         return update_request_details(runs, key, jaeger_url)
 
-    @app.callback(Output(ids.DEVICE_GRAPH, "figure"), Input(ids.RUNS, "value"))
+    @app.callback(Output(ids.DEVICE_GRAPH, "figure"), Input(ids.RUNS, "value"),
+                  prevent_initial_call=True)
     def _device(labels):
         return update_device(runs, labels)
 
     if has_nvme:
-        @app.callback(Output(ids.NVME_GRAPH, "figure"), Input(ids.RUNS, "value"))
+        @app.callback(Output(ids.NVME_GRAPH, "figure"), Input(ids.RUNS, "value"),
+                      prevent_initial_call=True)
         def _nvme(labels):
             return update_nvme(runs, labels)
 

@@ -37,10 +37,11 @@ def update_chunk_strip(runs: dict[str, RunData], key: str | None) -> go.Figure:
 
 def register(app: Dash, runs: dict[str, RunData]) -> None:
     @app.callback(Output(ids.CHUNK_TABLE, "children"), Output(ids.CHUNK_REASONS_GRAPH, "figure"),
-                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"))
+                  Input(ids.RUNS, "value"), Input(ids.PHASE, "value"), prevent_initial_call=True)
     def _views(labels, phase):
         return update_chunk_views(runs, labels, phase)
 
-    @app.callback(Output(ids.CHUNK_STRIP_GRAPH, "figure"), Input(ids.REQUEST, "value"))
+    @app.callback(Output(ids.CHUNK_STRIP_GRAPH, "figure"), Input(ids.REQUEST, "value"),
+                  prevent_initial_call=True)
     def _strip(key):
         return update_chunk_strip(runs, key)

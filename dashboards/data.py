@@ -209,10 +209,11 @@ def throughput_of(runs: dict[str, RunData], labels: list[str] | None,
     """summarize()'s throughput per (phase, concurrency), long form: run, level, metric, value."""
     rows = []
     for rd, r in _summary_rows(runs, labels, phase, "throughput"):
-        rows += [{"run": rd.label, "level": f"{r['phase']} c={r['concurrency']}",
-                  "metric": name, "value": r.get(key)}
+        rows += [{"run": rd.label, "phase": r["phase"], "concurrency": r["concurrency"],
+                  "level": f"{r['phase']} c={r['concurrency']}", "metric": name,
+                  "value": r.get(key)}
                  for key, name in THROUGHPUT_METRICS.items() if r.get(key) is not None]
-    return pd.DataFrame(rows, columns=["run", "level", "metric", "value"])
+    return pd.DataFrame(rows, columns=["run", "phase", "concurrency", "level", "metric", "value"])
 
 
 THROUGHPUT_METRICS = {"requests_per_s": "requests/s",

@@ -157,58 +157,134 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
     return _style(fig, f"TTFT breakdown per request (sorted by {sort_by})")
 
 
-def build_concurrency(attribution: pd.DataFrame) -> go.Figure:
-    """Mean TTFT components per phase and concurrency level; means add up to the mean TTFT."""
+def level_order(phases: pd.Series, concurrency: pd.Series) -> list[tuple[str, int]]:
+    """(phase, concurrency) pairs in reading order: other phases (warm) first as they come,
+    then the cold phases by concurrency as a number (1, 8, 16; never "c=16" before "c=8")."""
+    pairs = list(dict.fromkeys(zip(phases.astype(str), concurrency.astype(int))))
+    return sorted(pairs, key=lambda p: (p[0].startswith("cold"), p[1] if p[0].startswith("cold")
+                                        else pairs.index(p)))
+
+
+def line_of(run: str, phase: str) -> str:
+    """A profile's line in the per-concurrency views: the run across its cold phases; any other
+    phase (warm) is a point of its own."""
+    return run if str(phase).startswith("cold") else f"{run} · {phase}"
+
+
+def run_colors(runs: list[str]) -> dict[str, str]:
+    """One colour per run, in the order given (stable across views and selections)."""
+    palette = px.colors.qualitative.D3
+    return {run: palette[i % len(palette)] for i, run in enumerate(runs)}
+
+
+def _grid(panels: int, columns: int) -> tuple[int, int]:
+    columns = max(1, min(columns, panels))
+    return (panels + columns - 1) // columns, columns
+
+
+def _cell(i: int, columns: int) -> dict[str, int]:
+    return {"row": i // columns + 1, "col": i % columns + 1}
+
+
+def build_concurrency(attribution: pd.DataFrame, columns: int = 3) -> go.Figure:
+    """Mean TTFT components per concurrency level, one small panel per run (its warm phase a
+    panel of its own), on one shared ms scale so the runs compare at a glance; the levels in
+    numeric order. The means of the parts add up to the mean TTFT."""
+    from plotly.subplots import make_subplots
+
     _require(attribution, ["run", "phase", "concurrency"] + [f"{c}_ns" for c in COMPONENTS],
              "the per-concurrency breakdown")
     if attribution.empty:
         return empty("no requests in the selected runs and phase")
-    means = (attribution.groupby(["run", "phase", "concurrency"], as_index=False)
+    frame = attribution.assign(line=[line_of(r, p) for r, p in
+                                     zip(attribution["run"], attribution["phase"])])
+    means = (frame.groupby(["line", "phase", "concurrency"], as_index=False, sort=False)
              [[f"{c}_ns" for c in COMPONENTS]].mean())
-    means["level"] = means["phase"].map(text) + " c=" + means["concurrency"].astype(str)
-    long = _long_ms(means, ["run", "level"])
-    long["run"] = long["run"].map(text)
-    fig = px.bar(long, x="level", y="ms", color="component", facet_col="run",
-                 color_discrete_map=COLORS,
-                 category_orders={"component": list(COMPONENTS),
-                                  "run": list(dict.fromkeys(attribution["run"].map(text)))},
-                 labels={**LABELS, "level": "phase, concurrency", "ms": "mean ms"})
-    fig.update_layout(barmode="stack")
-    fig.update_xaxes(matches=None)  # each run shows only its own levels
-    return _style(fig, "Mean TTFT breakdown per concurrency level")
+    lines = list(dict.fromkeys(frame["line"]))
+    rows, cols = _grid(len(lines), columns)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes="all", horizontal_spacing=0.04,
+                        vertical_spacing=0.5 / rows if rows > 1 else 0.0,
+                        subplot_titles=[text(line) for line in lines])
+    for i, line in enumerate(lines):
+        mine = means[means["line"] == line]
+        order = level_order(mine["phase"], mine["concurrency"])
+        mine = mine.set_index(["phase", "concurrency"]).loc[order]
+        levels = [f"c={c}" for _, c in order]
+        for component in COMPONENTS:
+            fig.add_trace(go.Bar(
+                x=levels, y=(mine[f"{component}_ns"] / 1e6).round(3).tolist(), name=component,
+                marker_color=COLORS[component], legendgroup=component, showlegend=i == 0,
+                hovertemplate=f"{component} %{{y:.1f}} ms<extra>{text(line)}</extra>"),
+                **_cell(i, cols))
+    fig.update_layout(barmode="stack", height=230 * rows + 130)
+    fig.update_xaxes(type="category", title_text="")
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title_text="mean ms", col=1)
+    return _style(fig, "Mean TTFT breakdown per concurrency level (one panel per run)")
 
 
 PANEL_COMPONENTS = ("ttft", *COMPONENTS)  # one panel each; the storage sub-parts stay in tables
+SHOWN_PERCENTILES = {"p50": "solid", "p99": "dash"}  # p90 stays in the downloadable table
 
 
-def build_percentiles(percentiles: pd.DataFrame) -> go.Figure:
-    """One panel per component (TTFT and its parts), each on its own scale: the series
-    (run, group) side by side, p50 / p90 / p99 as grouped bars."""
-    _require(percentiles, ["series", "component", "percentile", "value_ns"], "the percentile view")
-    frame = percentiles[percentiles["component"].isin(PANEL_COMPONENTS)]
+def build_percentiles(percentiles: pd.DataFrame, columns: int = 4) -> go.Figure:
+    """One small panel per component (TTFT and its parts), each on its own ms scale:
+    concurrency on a numeric (log) axis, one colour per run, p50 solid and p99 dashed. Many
+    runs stay readable: no category labels to rotate, a legend entry per run."""
+    from plotly.subplots import make_subplots
+
+    _require(percentiles, ["run", "phase", "concurrency", "component", "percentile",
+                           "value_ns"], "the percentile view")
+    frame = percentiles[percentiles["component"].isin(PANEL_COMPONENTS)
+                        & percentiles["percentile"].isin(SHOWN_PERCENTILES)]
     if frame.empty:
         return empty("analysis reported no percentiles for the selected runs")
-    frame = frame.assign(ms=frame["value_ns"] / 1e6, series=frame["series"].map(text))
+    frame = frame.assign(ms=frame["value_ns"].astype("float64") / 1e6,
+                         line=[line_of(r, p) for r, p in zip(frame["run"], frame["phase"])])
     shown = [c for c in PANEL_COMPONENTS if c in set(frame["component"])]
-    fig = px.bar(frame, x="series", y="ms", color="percentile", facet_col="component",
-                 facet_col_wrap=4, facet_row_spacing=0.14, barmode="group",
-                 labels={**LABELS, "series": ""}, category_orders={"component": shown},
-                 color_discrete_sequence=["#1f77b4", "#ff7f0e", "#d62728"])
-    fig.update_yaxes(matches=None, showticklabels=True, title_text="")
-    fig.update_xaxes(tickangle=-30, showticklabels=True)
-    fig.update_layout(height=300 * ((len(shown) + 3) // 4) + 120)
-    return _style(fig, "Percentiles per component (ms; each panel on its own scale)")
+    colors = run_colors(list(dict.fromkeys(frame["run"])))
+    levels = sorted({int(c) for c in frame["concurrency"]})
+    rows, cols = _grid(len(shown), columns)
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.06,
+                        vertical_spacing=0.45 / rows if rows > 1 else 0.0,
+                        subplot_titles=shown)
+    for i, component in enumerate(shown):
+        panel = frame[frame["component"] == component]
+        for (line, run, stat), points in panel.groupby(["line", "run", "percentile"],
+                                                        sort=False):
+            points = points.sort_values("concurrency")
+            warm = line != run
+            fig.add_trace(go.Scatter(
+                x=points["concurrency"].astype(int).tolist(), y=points["ms"].round(3).tolist(),
+                mode="lines+markers", name=text(line), legendgroup=text(line),
+                showlegend=i == 0 and stat == "p50",
+                line={"color": colors[str(run)], "dash": SHOWN_PERCENTILES[str(stat)],
+                      "width": 2},
+                marker={"symbol": "diamond-open" if warm else "circle", "size": 7},
+                hovertemplate=(f"{text(line)} {stat}: %{{y:.1f}} ms at c=%{{x}}"
+                               "<extra></extra>")), **_cell(i, cols))
+    fig.update_xaxes(type="log", tickvals=levels, ticktext=[str(c) for c in levels],
+                     title_text="concurrency", title_standoff=2)
+    fig.update_yaxes(rangemode="tozero", title_text="")
+    fig.update_layout(height=250 * rows + 140)
+    return _style(fig, "Percentiles per component (ms; p50 solid, p99 dashed; each panel on its "
+                  "own scale)")
 
 
 def build_throughput(throughput: pd.DataFrame) -> go.Figure:
     """Per metric (requests/s, prompt tokens/s from storage, output tokens/s): one panel, the
     phases on x and the runs side by side."""
-    _require(throughput, ["run", "level", "metric", "value"], "the throughput view")
+    _require(throughput, ["run", "phase", "concurrency", "level", "metric", "value"],
+             "the throughput view")
     if throughput.empty:
         return empty("analysis reported no throughput for the selected runs and phase")
     frame = throughput.assign(run=throughput["run"].map(text), level=throughput["level"].map(text))
+    ordered = [text(f"{p} c={c}") for p, c in level_order(throughput["phase"],
+                                                           throughput["concurrency"])]
     fig = px.bar(frame, x="level", y="value", color="run", facet_col="metric", barmode="group",
                  labels={**LABELS, "level": "", "value": ""},
-                 category_orders={"metric": list(dict.fromkeys(frame["metric"]))})
+                 color_discrete_map=run_colors(list(dict.fromkeys(frame["run"]))),
+                 category_orders={"metric": list(dict.fromkeys(frame["metric"])),
+                                  "level": ordered})
     fig.update_yaxes(matches=None, showticklabels=True, rangemode="tozero")
     return _style(fig, "Throughput per phase")

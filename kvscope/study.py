@@ -2,8 +2,9 @@
 compared, and summed up in a headline table beside one device ceiling per disk for the study.
 
 One warm phase serves the whole study where it can (`plan`): the stock profile's server also
-stores kvscope's chunk format through a write-only tier, and the kvscope profiles run their cold
-phases in new servers on those files. Every run measures the ceiling before its first cold phase
+stores kvscope's chunk format through a write-only tier and every other persistent format (the
+peers: LMCache's raw-block image, its fs connector's files) through a tier of its own listed after
+stock's, and every other profile runs its cold phases in a new server on those files. Every run measures the ceiling before its first cold phase
 and the study again after its last, and the best of all of them is the ceiling every run is
 judged against (`record`).
 """
@@ -38,9 +39,11 @@ class Step:
     kv_dir: Path
     warm_from: str | None  # the earlier profile whose warm phase stored this run's chunks
     copy_dir: Path | None = None  # its warm phase also stores kvscope's chunk format there
+    peer_copies: dict[str, Path] = field(default_factory=dict)  # and each peer format's there
 
     def dirs(self) -> set[Path]:
-        return {self.kv_dir} | ({self.copy_dir} if self.copy_dir else set())
+        return ({self.kv_dir} | ({self.copy_dir} if self.copy_dir else set())
+                | set(self.peer_copies.values()))
 
 
 def warm_group(profile: str) -> str | None:
@@ -49,8 +52,12 @@ def warm_group(profile: str) -> str | None:
     Only a backend that finds its chunk files on disk when it starts can skip its own warm
     phase: the kvscope plugin rebuilds its index from them, and its read knobs (serial or
     parallel, read ahead) do not change what it writes. LMCache's stock disk backend keeps its
-    index in memory only, so each stock profile warms in its own server.
+    index in memory only, so each stock profile warms in its own server. LMCache's raw-block
+    tier (an index checkpointed into its image) and its fs connector (one file per chunk) find
+    theirs too: their profiles name their format.
     """
+    if (named := profiles.get(profile).chunk_format) is not None:
+        return named
     config = profiles.get(profile).lmcache_config(Path("/nonexistent"))
     if config.get("storage_plugins") != ["kvscope"]:
         return None
@@ -62,21 +69,29 @@ def warm_group(profile: str) -> str | None:
 
 
 def plan(opts: StudyOptions) -> list[Step]:
-    """The study's runs in order. With a stock profile (no warm group) and kvscope ones, the
+    """The study's runs in order. With a stock profile (no warm group) and persistent ones, the
     first stock profile runs first and its warm phase also stores kvscope's format (a write-only
-    tier: stock's own tier serves every stock hit); the first warm group's profiles then run
-    only their cold phases, each in a new server on those files (the page cache dropped before
-    each). Otherwise the first profile of each warm group warms and the rest of it reuse its
-    chunk files."""
+    tier: stock's own tier serves every stock hit) and each peer format (tiers LMCache asks
+    after stock's); every profile of those warm groups then runs only its cold phases, each in
+    a new server on those files (the page cache dropped before each). Otherwise the first
+    profile of each warm group warms and the rest of it reuse its chunk files."""
+    from kvscope.capture.workload import peers
+
     base = opts.kv_dir_base or Path("/var/tmp/kvscope") / f"kv-{opts.out.name}"
     groups = {p: warm_group(p) if opts.share_warm else None for p in opts.profiles}
-    hosted = next((g for g in groups.values() if g is not None), None)
+    hosted = list(dict.fromkeys(g for g in groups.values() if g is not None))
     host = next((p for p, g in groups.items() if g is None), None) if hosted else None
     stored: dict[str, tuple[str, Path]] = {}  # warm group: (the profile that warms, where)
     steps = []
     if host is not None:
-        steps.append(Step(host, ["warm", "cold"], base / f"kv-{host}", None, base / "kv-shared"))
-        stored[hosted] = (host, base / "kv-shared")
+        kvscope_group = next((g for g in hosted if g not in peers.WRITERS), None)
+        copy_dir = base / "kv-shared" if kvscope_group else None
+        peer_copies = {g: base / f"kv-shared-{g}" for g in hosted if g in peers.WRITERS}
+        steps.append(Step(host, ["warm", "cold"], base / f"kv-{host}", None, copy_dir,
+                          peer_copies))
+        if kvscope_group and copy_dir:
+            stored[kvscope_group] = (host, copy_dir)
+        stored.update({g: (host, d) for g, d in peer_copies.items()})
     for profile in (p for p in opts.profiles if p != host):
         group = groups[profile]
         if group in stored:
@@ -105,7 +120,7 @@ def run_study(opts: StudyOptions) -> dict[str, Path]:
                 requests=opts.requests, concurrency=opts.concurrency,
                 prompt_tokens=opts.prompt_tokens, port=opts.port, command=opts.command,
                 phases=step.phases, kv_dir=step.kv_dir, copy_kv_dir=step.copy_dir,
-                keep_kv=True, **extra,
+                peer_copies=step.peer_copies, keep_kv=True, **extra,
             ))
             runs[step.profile] = run
             after[step.profile] = ceiling.measure(step.kv_dir, when="after the last cold phase")
@@ -213,6 +228,7 @@ def headline(runs: dict[str, Path]) -> pd.DataFrame:
     base = table[table["profile"] == BASELINE].set_index("conc")
     table["speedup_vs_serial"] = base["ttft_p50_s"].reindex(table["conc"]).to_numpy() / table["ttft_p50_s"]
     table["throughput_vs_serial"] = table["req_per_s"] / base["req_per_s"].reindex(table["conc"]).to_numpy()
+    table["bound"] = [bound(row) for row in table.itertuples()]
     return table
 
 
@@ -327,9 +343,18 @@ def warm_lines(runs: dict[str, Path]) -> list[str]:
         source = (rundir.read_manifest(run).get("study") or {}).get("warm_phase_from")
         if not source:
             continue
-        copied = source in runs and rundir.read_manifest(runs[source]).get("copy")
-        how = ("by a write-only kvscope tier beside its own, which served every one of its hits"
-               if copied else "(same chunk format)")
+        host = rundir.read_manifest(runs[source]) if source in runs else {}
+        fmt = warm_group(profile)
+        if fmt in (host.get("peer_copies") or {}):
+            copies = host["peer_copies"][fmt]
+            how = (f"by a `{fmt}` tier LMCache asked after its own, which served every one of "
+                   f"its hits ({copies['chunks_on_disk']} of {copies['chunks_expected']} chunks "
+                   "stored)")
+        elif host.get("copy"):
+            how = ("by a write-only kvscope tier beside its own, which served every one of its "
+                   "hits")
+        else:
+            how = "(same chunk format)"
         lines.append(f"- `{profile}` read the chunk files stored in the warm phase of "
                      f"`{source}` {how}; a new server, page cache dropped before each cold phase")
     return lines
@@ -361,8 +386,133 @@ def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Pat
     if not rates.empty:
         lines += ["## Throughput, parallel / serial (95 % bootstrap CI of the ratio)", "",
                   rates.to_markdown(index=False, floatfmt=".3f"), ""]
+    peers = peer_comparisons(runs)
+    if not peers.empty:
+        lines += ["## kvscope against the other disk paths", "",
+                  "Ratios other / kvscope for TTFT p50 and kvscope / other for requests/s (> 1: "
+                  "kvscope ahead), 95 % bootstrap CIs; what limits each side from its "
+                  "attribution and block I/O.", "",
+                  peer_table(peers).to_markdown(index=False, floatfmt=".3f"), "",
+                  *[f"- {line}" for line in peer_verdicts(table, peers)], ""]
     lines += ["## Runs", ""] + [f"- `{p}`: [{r.name}/report.md]({r.name}/report.md)"
                                 for p, r in runs.items()]
     report = study / "study.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+# -- kvscope against LMCache's other disk paths (the peers) --------------------------------
+DEVICE_BOUND, READ_PATH_BOUND, CPU_BOUND = "device-bound", "read-path-bound", "CPU-bound"
+
+
+def bound(row) -> str:
+    """What limits one profile's cold phase, from its attribution and block I/O: CPU-bound when
+    storage reads are a minor share of TTFT (prefill, copies and the rest dominate);
+    device-bound when reads ran near the ceiling and the disk was busy most of the read span;
+    read-path-bound otherwise (the path left the disk idle or below its ceiling)."""
+    read_share = row.storage_read_p50_s / row.ttft_p50_s if row.ttft_p50_s else math.nan
+    if read_share < MINOR_SHARE:
+        return CPU_BOUND
+    if row.read_vs_ceiling >= CEILING_BOUND and row.disk_busy_share >= CEILING_BOUND:
+        return DEVICE_BOUND
+    return READ_PATH_BOUND
+
+
+def _bound_words(row) -> str:
+    return (f"{bound(row)} (storage read {row.storage_read_p50_s / row.ttft_p50_s:.0%} of TTFT "
+            f"p50, {row.read_GBps:.2f} GB/s while reading = {row.read_vs_ceiling:.0%} of the "
+            f"{row.ceiling_GBps:.2f} GB/s ceiling, disk busy {row.disk_busy_share:.0%} of the "
+            "read span)")
+
+
+def peer_comparisons(runs: dict[str, Path]) -> pd.DataFrame:
+    """Each other profile against kvscope per cold phase: TTFT p50 and requests/s ratios with
+    95 % bootstrap CIs (ttft_ratio > 1: kvscope's TTFT is lower; rps_ratio > 1: kvscope serves
+    more requests per second)."""
+    from kvscope.analysis import compare, outputs, throughput
+
+    if CANDIDATE not in runs:
+        return pd.DataFrame()
+    ours = outputs.load_attribution(runs[CANDIDATE])
+    our_requests = _requests(runs[CANDIDATE])
+    rows = []
+    for profile, run in runs.items():
+        if profile == CANDIDATE:
+            continue
+        theirs = outputs.load_attribution(run)
+        their_requests = _requests(run)
+        for phase in sorted(set(theirs["phase"]) & set(ours["phase"])):
+            if not phase.startswith("cold"):
+                continue
+            ttft = compare.compare(theirs, ours, phase=phase).set_index("component").loc["ttft"]
+            rates = throughput.ratio(their_requests, our_requests, phase).set_index("metric")
+            rps = rates.loc["requests_per_s"] if "requests_per_s" in rates.index else None
+            rows.append({
+                "profile": profile, "phase": phase, "their_ttft_p50_s": ttft.a_s,
+                "kvscope_ttft_p50_s": ttft.b_s, "ttft_ratio": ttft.speedup,
+                "ttft_lo": ttft.speedup_lo, "ttft_hi": ttft.speedup_hi,
+                "rps_ratio": rps.ratio if rps is not None else math.nan,
+                "rps_lo": rps.ratio_lo if rps is not None else math.nan,
+                "rps_hi": rps.ratio_hi if rps is not None else math.nan,
+            })
+    return pd.DataFrame(rows)
+
+
+def _requests(run: Path) -> pd.DataFrame:
+    table = rundir.read_table(run, "requests")
+    if table is None:
+        raise ValueError(f"{run}: no requests table; is it a run directory?")
+    return table
+
+
+def _standing(lo: float, hi: float) -> str:
+    if lo > 1:
+        return "ahead"
+    if hi < 1:
+        return "behind"
+    return "level (CI spans 1)"
+
+
+def peer_verdicts(table: pd.DataFrame, compared: pd.DataFrame) -> list[str]:
+    """Per other profile and cold phase: where kvscope is ahead, level or behind (the CI of
+    the TTFT p50 ratio), what limits each side, and where kvscope is behind, which of its
+    components would have to shrink by how much to pass."""
+    if compared.empty or table.empty:
+        return []
+    rows = table.set_index(["profile", "phase"])
+    lines = []
+    for c in compared.to_dict("records"):
+        profile, phase = str(c["profile"]), str(c["phase"])
+        if (profile, phase) not in rows.index or (CANDIDATE, phase) not in rows.index:
+            continue
+        them, us = rows.loc[(profile, phase)], rows.loc[(CANDIDATE, phase)]
+        standing = _standing(float(c["ttft_lo"]), float(c["ttft_hi"]))
+        line = (f"`{profile}` {phase}: kvscope {standing}: TTFT p50 "
+                f"{c['kvscope_ttft_p50_s']:.3f} s vs {c['their_ttft_p50_s']:.3f} s "
+                f"({c['ttft_ratio']:.2f}x, CI {c['ttft_lo']:.2f}-{c['ttft_hi']:.2f}); requests/s "
+                f"{c['rps_ratio']:.2f}x (CI {c['rps_lo']:.2f}-{c['rps_hi']:.2f}). `{profile}`: "
+                f"{_bound_words(them)}; kvscope: {_bound_words(us)}")
+        if standing == "behind":
+            gaps = sorted(((getattr(us, f"{part}_p50_s") - getattr(them, f"{part}_p50_s"), part)
+                           for part in ("queueing", "kv_lookup", "storage_read", "transfer",
+                                        "prefill", "other")), reverse=True)
+            needed = [f"{part} by {gap * 1e3:.0f} ms" for gap, part in gaps if gap >= 5e-4]
+            line += ("; to pass it kvscope's p50 would have to shrink: " + ", ".join(needed)
+                     if needed else "")
+        lines.append(line)
+    return lines
+
+
+def peer_table(compared: pd.DataFrame) -> pd.DataFrame:
+    """The comparison as the report prints it: ratios with their CIs in one cell each."""
+    if compared.empty:
+        return compared
+    return pd.DataFrame({
+        "profile": compared["profile"], "phase": compared["phase"],
+        "their_ttft_p50_s": compared["their_ttft_p50_s"],
+        "kvscope_ttft_p50_s": compared["kvscope_ttft_p50_s"],
+        "ttft_ratio (ci95)": [f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in zip(
+            compared["ttft_ratio"], compared["ttft_lo"], compared["ttft_hi"])],
+        "req_per_s_ratio (ci95)": [f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in zip(
+            compared["rps_ratio"], compared["rps_lo"], compared["rps_hi"])],
+    })

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvscope.capture.workload.profiles import PEERS
+
 BASELINE = "kvscope-serial"
 CANDIDATE = "kvscope"
 
@@ -14,7 +16,7 @@ CANDIDATE = "kvscope"
 class StudyOptions:
     out: Path
     model: str = "qwen2.5-32b"
-    profiles: list[str] = field(default_factory=lambda: [BASELINE, CANDIDATE, "stock"])
+    profiles: list[str] = field(default_factory=lambda: [BASELINE, CANDIDATE, "stock", *PEERS])
     requests: int = 16
     concurrency: list[int] = field(default_factory=lambda: [1, 8, 16])
     prompt_tokens: int = 1024

@@ -14,7 +14,7 @@ module is already loaded. What is wrapped is listed, public or internal, in
 contract/upstream.py: vLLM's engine front end (AsyncLLM, InputProcessor, OutputProcessor) and
 scheduler (internals), the KV-connector interface of whatever connector vLLM's factory creates
 (public: the same calls on both model runners), LMCache's engine (public) and its storage
-manager, CPU tier and stock disk tier (internals). Uninstrumenting unwraps every target; hooks that fire later do
+manager, CPU tier and disk tiers (stock, raw-block, the fs connector). Uninstrumenting unwraps every target; hooks that fire later do
 nothing until the next `instrument()`. While uninstrumented, no wrapper is installed at all.
 """
 
@@ -56,11 +56,19 @@ TARGETS = (
     Target(upstream.DISK_GET, storage.on_stock_get),
     Target(upstream.DISK_GET_NON_BLOCKING, storage.on_stock_get_non_blocking),
     Target(upstream.DISK_READ_FILE, storage.on_stock_read_file),
+    # LMCache's other disk paths: the raw-block plugin and the fs connector (tracer/storage.py)
+    Target(upstream.RAW_BLOCK_BATCHED_GET, storage.on_peer_get),
+    Target(upstream.RAW_BLOCK_GET, storage.on_peer_get),
+    Target(upstream.REMOTE_BATCHED_GET, storage.on_peer_get),
+    Target(upstream.REMOTE_GET, storage.on_peer_get),
+    Target(upstream.FS_READ, storage.on_fs_read),
     # the chunk ledger (tracer/ledger.py): the worker's lookups, stores and CPU evictions
     Target(upstream.ENGINE_LOOKUP, ledger.on_engine_lookup),
     Target(upstream.STORAGE_CONTAINS, ledger.on_batched_contains),
     Target(upstream.STORAGE_PUT, ledger.on_batched_put),
     Target(upstream.CPU_REMOVE, ledger.on_cpu_remove),
+    Target(upstream.RAW_BLOCK_PUT, ledger.on_peer_put),
+    Target(upstream.REMOTE_PUT, ledger.on_peer_put),
 )
 
 _hooked: set[str] = set()  # modules with a post-import hook registered in this process

@@ -40,6 +40,10 @@ MAX_PENDING = 4096  # lookups waiting for their request's step (oldest dropped f
 MAX_CHILDREN = 4  # stored children remembered per key (enough to see a divergence)
 CPU_BACKEND = "LocalCPUBackend"
 DISK_BACKENDS = ("LocalDiskBackend", "kvscope")
+# Backends that read a disk, by class, whatever name the config gave them (a storage plugin's
+# name is the user's); the fs connector is a RemoteBackend whose connection is an FSConnector.
+DISK_CLASSES = ("LocalDiskBackend", "ParallelDiskBackend", "RustRawBlockBackend", "GdsBackend")
+PEER_CLASSES = ("RustRawBlockBackend", "RemoteBackend")  # disk ones asked by contains()
 
 
 def key_text(key: Any) -> str:
@@ -60,6 +64,25 @@ def tier_of(backend_name: str) -> str:
     if backend_name in DISK_BACKENDS:
         return chunk_outcomes.TIER_DISK
     return chunk_outcomes.TIER_OTHER
+
+
+def fs_connection(backend: Any) -> Any:
+    """The FSConnector of a RemoteBackend (LMCache wraps its connectors in an
+    InstrumentedRemoteConnector, holding the connector as `_connector`), else None."""
+    connection = getattr(backend, "connection", None)
+    connection = getattr(connection, "_connector", connection)
+    return connection if type(connection).__name__ == "FSConnector" else None
+
+
+def tier_of_backend(name: str, backend: Any) -> str:
+    """The tier of a StorageManager backend by what it is (its class, an fs connection),
+    falling back to its name."""
+    kind = type(backend).__name__
+    if kind == CPU_BACKEND:
+        return chunk_outcomes.TIER_CPU
+    if kind in DISK_CLASSES or (kind == "RemoteBackend" and fs_connection(backend) is not None):
+        return chunk_outcomes.TIER_DISK
+    return tier_of(name)
 
 
 @dataclass
@@ -168,10 +191,12 @@ class Ledger:
     # -- lookups -------------------------------------------------------------------------
     def lookup(self, vllm_request_id: str, keys: Sequence[Any], lengths: Sequence[int],
                mapping: dict[str, Sequence[Any]], chunk_size: int, start_ns: int, end_ns: int,
-               present: Any = None) -> Record:
+               present: Any = None, tiers: dict[str, str] | None = None) -> Record:
         """Classify one lookup: `keys` with their token `lengths`, `mapping` backend name ->
         the keys it served (StorageManager.batched_contains); `present(key) -> bool` says
-        whether a key behind a miss is held by a tier anyway. Kept until `take`."""
+        whether a key behind a miss is held by a tier anyway; `tiers`: backend name -> tier
+        where known by what the backend is (else by its name). Kept until `take`."""
+        tiers = tiers or {}
         served = {}
         for backend, held in mapping.items():
             for key in held:
@@ -183,7 +208,7 @@ class Ledger:
             record.chunks.append(Chunk(start, start + int(length), text, hash_text(key)))
             start += int(length)
         with self._lock:
-            if any(tier_of(b) == chunk_outcomes.TIER_DISK for b in mapping):
+            if any(tiers.get(b, tier_of(b)) == chunk_outcomes.TIER_DISK for b in mapping):
                 self.disk_tier = True
             for i, chunk in enumerate(record.chunks):
                 facts = self._of(chunk.key)
@@ -192,7 +217,7 @@ class Ledger:
             missed = False
             for i, (key, chunk) in enumerate(zip(keys, record.chunks)):
                 if not missed and chunk.key in served:
-                    chunk.tier = tier_of(served[chunk.key])
+                    chunk.tier = tiers.get(served[chunk.key], tier_of(served[chunk.key]))
                     if chunk.tier == chunk_outcomes.TIER_OTHER:
                         chunk.detail = served[chunk.key]
                     chunk.stored_ns = self._facts[chunk.key].put_ns
@@ -331,8 +356,10 @@ def on_engine_lookup(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
     if lengths is None:
         total = len(kwargs.get("tokens") or ())
         lengths = [max(0, min(chunk_size, total - i * chunk_size)) for i in range(len(keys))]
+    backends = dict(getattr(manager, "storage_backends", {}) or {})
     LEDGER.lookup(str(lookup_id), keys, list(lengths)[:len(keys)], mapping, chunk_size, started,
-                  ended, _presence(manager))
+                  ended, _presence(manager),
+                  {name: tier_of_backend(name, b) for name, b in backends.items()})
     return result
 
 
@@ -362,13 +389,54 @@ def on_cpu_remove(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return result
 
 
+def on_peer_put(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Wraps batched_submit_put_task(keys, objs, transfer_spec, on_complete_callback) of
+    LMCache's raw-block plugin and RemoteBackend: each key's write outcome becomes a disk-tier
+    fact, as the kvscope tier's store events are. The raw-block plugin calls back only for keys
+    it wrote and fails its futures otherwise; RemoteBackend calls back after every write, done
+    or not, so a key counts as stored when the connection finds it (the fs connector's file
+    appears at its rename)."""
+    keys = list(args[0] if args else kwargs.get("keys", ()))
+    if len(args) > 3:
+        args, theirs = args[:3], args[3]
+    else:
+        theirs = kwargs.pop("on_complete_callback", None)
+    exists = getattr(fs_connection(instance), "exists_sync", None)
+    reported: set[str] = set()
+
+    def done(key: Any) -> None:
+        if theirs is not None:
+            theirs(key)
+        with _counted("ledger.on_peer_put"):
+            ok = exists(key) if callable(exists) else True
+            reported.add(key_text(key))
+            LEDGER.disk_store(key_text(key), ok, "" if ok else "error",
+                              "" if ok else "not found after its write", time.monotonic_ns())
+
+    def failed(future: Any) -> None:
+        error = future.exception() if not future.cancelled() else None
+        if error is None:
+            return
+        with _counted("ledger.on_peer_put"):
+            for key in keys:
+                if key_text(key) not in reported:
+                    LEDGER.disk_store(key_text(key), False, "error", str(error),
+                                      time.monotonic_ns())
+
+    result = wrapped(*args, on_complete_callback=done, **kwargs)
+    for future in result if isinstance(result, list) else ():
+        future.add_done_callback(failed)
+    return result
+
+
 def _presence(manager: Any) -> Any:
     """`present(key)`: does any tier hold it (no pin, no counter)? None if none can say."""
     checks = []
     for name, backend in dict(getattr(manager, "storage_backends", {}) or {}).items():
         if hasattr(backend, "has_chunk"):
             checks.append(backend.has_chunk)
-        elif name == CPU_BACKEND and hasattr(backend, "contains"):
+        elif (name == CPU_BACKEND or (type(backend).__name__ in PEER_CLASSES and tier_of_backend(
+                name, backend) == chunk_outcomes.TIER_DISK)) and hasattr(backend, "contains"):
             checks.append(lambda key, b=backend: b.contains(key, False))
     if not checks:
         return None

@@ -22,6 +22,7 @@ class RunOptions:
     warm_concurrency: int = 1
     kv_dir: Path | None = None
     copy_kv_dir: Path | None = None  # a write-only kvscope tier there stores every chunk too
+    peer_copies: dict[str, Path] = field(default_factory=dict)  # chunk format -> a tier there
     keep_kv: bool = False
     host: str = "127.0.0.1"
     port: int = 8000

@@ -28,11 +28,21 @@ KV_TRANSFER_CONFIG: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Profile:
-    """A named LMCache configuration, built for a KV directory."""
+    """A named LMCache configuration, built for a KV directory.
+
+    `chunk_format` names what its reads find on disk when the tier persists its index (a new
+    server then reads the chunks an earlier one stored: the study's shared warm phase); None
+    for a tier whose index lives in memory only. `writer` is a tier storing that format beside
+    another profile's own tiers, listed after them (the study's warm server stores every format
+    once). `prepare` makes what the tier needs in the directory before the server starts.
+    """
 
     name: str
     summary: str
     build: Callable[[Path], dict[str, Any]] = field(repr=False)
+    chunk_format: str | None = None
+    writer: Callable[[Path], dict[str, Any]] | None = field(default=None, repr=False)
+    prepare: Callable[[Path], None] | None = field(default=None, repr=False)
 
     def lmcache_config(self, kv_dir: Path) -> dict[str, Any]:
         return {**COMMON, **self.build(Path(kv_dir))}
@@ -63,6 +73,30 @@ def _kvscope(mode: str, **knobs: Any) -> Callable[[Path], dict[str, Any]]:
     return build
 
 
+def _peer(name: str) -> Callable[[Path], dict[str, Any]]:
+    def build(kv_dir: Path) -> dict[str, Any]:
+        from kvscope.capture.workload import peers
+
+        return peers.BUILDS[name](kv_dir)
+
+    return build
+
+
+def _peer_prepare(kv_dir: Path) -> None:
+    from kvscope.capture.workload import peers
+
+    peers.prepare_image(kv_dir)
+
+
+def _peer_writer(name: str) -> Callable[[Path], dict[str, Any]]:
+    def build(kv_dir: Path) -> dict[str, Any]:
+        from kvscope.capture.workload import peers
+
+        return peers.WRITERS[name](kv_dir)
+
+    return build
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
@@ -79,8 +113,18 @@ PROFILES: dict[str, Profile] = {
                 _async_loading(_stock(None))),
         Profile("kvscope-async", "kvscope's parallel reads with enable_async_loading",
                 _async_loading(_kvscope("parallel"))),
+        # LMCache's other disk paths (capture/workload/peers.py says which knobs and why)
+        Profile("raw-block-posix", "LMCache's RustRawBlockBackend, posix pread engine, O_DIRECT, "
+                "on a preallocated image file on the study's disk", _peer("raw-block-posix"),
+                "raw-block", _peer_writer("raw-block"), _peer_prepare),
+        Profile("raw-block-io_uring", "LMCache's RustRawBlockBackend, io_uring engine (queue "
+                "depth 256), O_DIRECT, on the same kind of image file", _peer("raw-block-io_uring"),
+                "raw-block", _peer_writer("raw-block"), _peer_prepare),
+        Profile("fs", "LMCache's fs remote connector on a local directory, O_DIRECT reads",
+                _peer("fs"), "fs", _peer_writer("fs")),
     )
 }
+PEERS = ("raw-block-posix", "raw-block-io_uring", "fs")  # LMCache's disk paths beside kvscope
 
 
 def with_kvscope_copy(config: dict[str, Any], copy_dir: Path) -> dict[str, Any]:

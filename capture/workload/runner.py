@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from kvscope.capture import ceiling, twins
 from kvscope.contract import clock, env, host, manifest, rundir
-from kvscope.capture.workload import profiles, prompts, system, vllm_metrics
+from kvscope.capture.workload import peers, profiles, prompts, system, vllm_metrics
 from kvscope.capture.workload.client import RequestPlan, RequestRecord, run_requests
 from kvscope.capture.workload.kvdir import RunKVDir
 from kvscope.capture.workload.options import RunOptions
@@ -121,23 +121,34 @@ def expected_chunks(prompt_ids: list[list[int]], chunk_tokens: int = twins.CHUNK
                 for end in range(chunk_tokens, len(p) + 1, chunk_tokens)})
 
 
-def _stored_chunks(kv_dir: Path) -> tuple[int, int]:
-    """(complete chunk files, bytes of all files); dot-files are writes still in progress."""
+IMAGE_QUIET_S = 3.0  # a raw-block image checkpoints its index ~1 s after its last write
+
+
+def _stored_chunks(kv_dir: Path, chunk_bytes: int) -> tuple[int, int]:
+    """(complete chunks, bytes of all files). Chunk files: dot-files and `.tmp` files (the fs
+    connector's) are writes in progress. A raw-block image holds a chunk per `chunk_bytes` it
+    has written (its slot headers and index are a small part; 0: images are not counted)."""
     files = [p for p in kv_dir.rglob("*") if p.is_file()]
-    done = [p for p in files if not p.name.startswith(".") and not p.name.endswith(".corrupt")]
-    return len(done), sum(p.stat().st_size for p in files)
+    image = [p for p in files if p.name == peers.IMAGE]
+    done = [p for p in files if p.name != peers.IMAGE and not p.name.startswith(".")
+            and not p.name.endswith((".corrupt", ".tmp"))]
+    written = sum(peers.allocated_bytes(p) for p in image)
+    return (len(done) + (written // chunk_bytes if chunk_bytes else 0),
+            sum(p.stat().st_size for p in files if p not in image) + written)
 
 
-def wait_for_stores(kv_dir: Path, expected: int, settle_s: float = 10.0,
+def wait_for_stores(kv_dir: Path, expected: int, chunk_bytes: int = 0, settle_s: float = 10.0,
                     timeout_s: float = 600.0) -> int:
-    """Wait for LMCache's asynchronous writes: until `expected` chunk files are complete and
-    quiet for a moment, or nothing has changed for settle_s. Returns the chunks found."""
+    """Wait for LMCache's asynchronous writes: until `expected` chunks are complete and quiet
+    for a moment (long enough for a raw-block image to checkpoint its index), or nothing has
+    changed for settle_s. Returns the chunks found."""
+    quiet = IMAGE_QUIET_S if (kv_dir / peers.IMAGE).exists() else 0.5
     last, since, started = (-1, -1), time.monotonic(), time.monotonic()
     while time.monotonic() - started < timeout_s:
-        state, now = _stored_chunks(kv_dir), time.monotonic()
+        state, now = _stored_chunks(kv_dir, chunk_bytes), time.monotonic()
         if state != last:
             last, since = state, now
-        elif (state[0] >= expected and now - since >= 0.5) or now - since >= settle_s:
+        elif (state[0] >= expected and now - since >= quiet) or now - since >= settle_s:
             break
         time.sleep(0.25)
     return last[0]
@@ -154,24 +165,32 @@ class LiveRun:
     device: str
     prompts: list[list[int]]
     expected_chunks: int
+    chunk_bytes: int
     max_tokens: int
     observers: list[PhaseObserver]
     client_tracer: Any = None  # tracer.client.ClientTracer when tracing is on
+    peer_copies: dict[str, Path] = field(default_factory=dict)  # chunk format -> directory
 
 
 def wait_for_copy(live: "LiveRun") -> None:
-    """Let the write-only tier finish its writes (none may run beside a cold phase, and the
-    server's stop would lose them); record how many chunks it holds."""
+    """Let the copying tiers finish their writes (none may run beside a cold phase, and the
+    server's stop would lose them); record how many chunks each holds."""
     if live.copy_dir is not None:
-        copied = wait_for_stores(live.copy_dir, live.expected_chunks)
+        copied = wait_for_stores(live.copy_dir, live.expected_chunks, live.chunk_bytes)
         rundir.update_manifest(live.run, "copy", {"disk_path": str(live.copy_dir),
                                                   "chunks_on_disk": copied,
                                                   "chunks_expected": live.expected_chunks})
+    if live.peer_copies:
+        rundir.update_manifest(live.run, "peer_copies", {
+            chunk_format: {"disk_path": str(directory), "chunks_expected": live.expected_chunks,
+                           "chunks_on_disk": wait_for_stores(directory, live.expected_chunks,
+                                                             live.chunk_bytes)}
+            for chunk_format, directory in live.peer_copies.items()})
 
 
-def record_ceiling(run: Path, kv_dir: Path, expected: int) -> None:
+def record_ceiling(run: Path, kv_dir: Path, expected: int, chunk_bytes: int) -> None:
     """Measure the device ceiling on the stored chunks once, before the first cold phase."""
-    wait_for_stores(kv_dir, expected)
+    wait_for_stores(kv_dir, expected, chunk_bytes)
     measured = ceiling.measure(kv_dir)
     rundir.update_manifest(run, "device_ceiling", measured.as_dict() if measured else None)
 
@@ -181,7 +200,7 @@ def run_phase(live: LiveRun, phase: Phase) -> dict:
     run, server, device, prompt_ids = live.run, live.server, live.device, live.prompts
     stored = -1
     if phase.kind == "cold":
-        stored = wait_for_stores(live.kv_dir, live.expected_chunks)
+        stored = wait_for_stores(live.kv_dir, live.expected_chunks, live.chunk_bytes)
         system.drop_page_cache()
     records = [
         RequestRecord(request_id=f"{run.name}-{phase.label}-{i}", phase=phase.label,
@@ -236,9 +255,13 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
     kv_dir = kv.path
     system.check_writable_dir(kv_dir)
     copy = RunKVDir.prepare(opts.copy_kv_dir, opts.out.name) if opts.copy_kv_dir else None
+    peer_copies = {f: RunKVDir.prepare(d, opts.out.name) for f, d in opts.peer_copies.items()}
+    if profile.prepare is not None:
+        profile.prepare(kv_dir)
     lmcache = profile.lmcache_config(kv_dir)
     if copy is not None:
         lmcache = profiles.with_kvscope_copy(lmcache, copy.path)
+    lmcache = peers.with_copies(lmcache, {f: d.path for f, d in peer_copies.items()})
     offset = clock.measure_offset()
     run = rundir.create(opts.out, _manifest(opts, spec, profile, lmcache, kv_dir, model_dir,
                                             offset))
@@ -269,17 +292,18 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
             if tracing is not None:
                 watching.append(tracing)
             live = LiveRun(run, server, kv_dir, copy.path if copy else None, device,
-                           prompt_ids, expected_chunks(prompt_ids), opts.max_tokens, watching,
-                           tracing.client if tracing else None)
+                           prompt_ids, expected_chunks(prompt_ids), spec.kv_bytes_per_chunk,
+                           opts.max_tokens, watching, tracing.client if tracing else None,
+                           {f: d.path for f, d in peer_copies.items()})
             for index, phase in enumerate(phases):
                 if phase.kind == "cold" and all(p.kind != "cold" for p in phases[:index]):
                     wait_for_copy(live)
-                    record_ceiling(run, kv_dir, live.expected_chunks)
+                    record_ceiling(run, kv_dir, live.expected_chunks, live.chunk_bytes)
                 done.append(run_phase(live, phase))
                 rundir.update_manifest(run, "phases", done)
             if opts.keep_kv:
                 # vLLM kills its worker at shutdown: writes still queued would be lost.
-                wait_for_stores(kv_dir, live.expected_chunks)
+                wait_for_stores(kv_dir, live.expected_chunks, live.chunk_bytes)
                 wait_for_copy(live)
     finally:
         if tracing is not None:
@@ -288,4 +312,6 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
             kv.cleanup()
             if copy is not None:
                 copy.cleanup()
+            for peer_copy in peer_copies.values():
+                peer_copy.cleanup()
     return run

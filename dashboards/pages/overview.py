@@ -38,9 +38,6 @@ def layout(labels: list[str], phases: list[str], phase: str) -> html.Section:
         html.P("Click a request to show its waterfall below.", className="hint"),
         dcc.Graph(id=ids.PERCENTILE_GRAPH, config={"displaylogo": False}),  # height: the figure's
         dcc.Graph(id=ids.THROUGHPUT_GRAPH, className="graph", config={"displaylogo": False}),
-        html.Div(className="row", children=[
-            dcc.Graph(id=ids.CONCURRENCY_GRAPH, className="graph half",
-                      config={"displaylogo": False}),
-            html.Div(className="half", children=[html.H2("Findings"), html.Div(id=ids.FINDINGS)]),
-        ]),
+        dcc.Graph(id=ids.CONCURRENCY_GRAPH, config={"displaylogo": False}),  # height: the figure's
+        html.Div(children=[html.H2("Findings"), html.Div(id=ids.FINDINGS)]),
     ])

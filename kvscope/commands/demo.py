@@ -16,7 +16,8 @@ EXAMPLES = """examples:
 """
 HEADLINE_COLUMNS = ["profile", "conc", "ttft_p50_s", "ttft_p99_s", "storage_read_p50_s",
                     "transfer_p50_s", "prefill_p50_s", "read_GBps", "ceiling_GBps",
-                    "req_per_s", "storage_tok_per_s", "speedup_vs_serial", "throughput_vs_serial"]
+                    "req_per_s", "storage_tok_per_s", "speedup_vs_serial", "throughput_vs_serial",
+                    "bound"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,13 +26,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     d = StudyOptions(out=Path("."))
     p = subparsers.add_parser(
-        "demo", help="run the serial-vs-parallel KV read study on the live stack",
+        "demo", help="run the KV read study on the live stack: kvscope serial and parallel, LMCache's "
+        "stock disk tier and its other disk paths that run here",
         description="For each backend profile: a warm phase and cold phases at each concurrency "
         "level with tracing and probes on; then analysis, comparison and the study report.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="study directory (default runs/demo-<time>)")
     p.add_argument("--model", default=d.model)
-    p.add_argument("--profiles", default=",".join(d.profiles))
+    p.add_argument("--profiles", default=",".join(d.profiles),
+                   help="comma-separated backend profiles (default: kvscope's two, LMCache's "
+                   "stock and every other LMCache disk path that runs here)")
     p.add_argument("--requests", type=int, default=d.requests)
     p.add_argument("--concurrency", type=_levels, default=d.concurrency)
     p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
@@ -68,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     report = study.write_report(out, runs, table)
     print("\n" + table[HEADLINE_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("\n" + "\n".join(study.verdict(table, runs)))
+    if peers := study.peer_verdicts(table, study.peer_comparisons(runs)):
+        print("\nkvscope against the other disk paths:\n" + "\n".join(peers))
     print(f"\nreport:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "

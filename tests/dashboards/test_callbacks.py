@@ -24,11 +24,12 @@ def test_ttft_views_show_every_selected_run(loaded):
     assert {a.text for a in breakdown.layout.annotations} == {"serial", "parallel"}
     shown = sum(len(t.x) for t in breakdown.data if t.name == "prefill")
     assert shown == sum(len(rd.attribution) for rd in loaded.values())
-    levels = {x for t in concurrency.data for x in t.x}
-    assert levels == {"warm c=1", "cold c=1", "cold c=4"}
-    assert {x for t in percentiles.data for x in t.x} == {"serial · warm c=1", "serial · cold c=1",
-                                                          "parallel · cold c=4"}
-    assert {t.name for t in percentiles.data} == {"p50", "p90", "p99"}
+    assert {a.text for a in concurrency.layout.annotations} == {"serial · warm", "serial",
+                                                                "parallel"}
+    assert {x for t in concurrency.data for x in t.x} == {"c=1", "c=4"}
+    assert {x for t in percentiles.data for x in t.x} == {1, 4}
+    assert {t.name for t in percentiles.data} == {"serial · warm", "serial", "parallel"}
+    assert {t.line.dash for t in percentiles.data} == {"solid", "dash"}  # p50, p99
     panels = {a.text for a in percentiles.layout.annotations}
     assert panels == {"ttft", "queueing", "kv_lookup", "storage_read", "transfer", "prefill",
                       "other"}  # one component per panel
@@ -47,7 +48,8 @@ def test_the_default_view_is_the_cold_phases_and_warm_is_one_choice_away(loaded)
     assert set(cold["phase"]) == {"cold"} and len(cold) == sum(
         (rd.attribution["phase"] == "cold").sum() for rd in loaded.values())
     _, percentiles, rates, _ = callbacks.update_summary_views(loaded, labels(loaded), data.COLD)
-    assert {x for t in percentiles.data for x in t.x} == {"serial · cold c=1", "parallel · cold c=4"}
+    assert {(t.name, x) for t in percentiles.data for x in t.x} == {("serial", 1),
+                                                                    ("parallel", 4)}
     assert {x for t in rates.data for x in t.x} == {"cold c=1", "cold c=4"}
     options, value = callbacks.update_request_options(loaded, labels(loaded), data.COLD, None, None)
     assert json.loads(value)[1] == "cold"

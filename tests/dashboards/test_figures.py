@@ -96,20 +96,68 @@ def test_concurrency_bars_are_means_per_level():
     frame = attribution("serial", 4)  # levels 1: r0, r2 ; 2: r1, r3
     fig = figures.build_concurrency(frame)
     storage = next(t for t in fig.data if t.name == "storage_read")
-    assert dict(zip(storage.x, storage.y)) == pytest.approx({"cold c=1": 60.0, "cold c=2": 90.0})
+    assert dict(zip(storage.x, storage.y)) == pytest.approx({"c=1": 60.0, "c=2": 90.0})
 
 
-def test_percentiles_in_ms_one_panel_per_component_runs_side_by_side():
-    pct = pd.DataFrame({"series": ["a", "b", "a", "a"],
-                        "component": ["ttft", "ttft", "prefill", "storage_device_queue"],
-                        "percentile": ["p50", "p50", "p50", "p50"],
-                        "value_ns": [2e6, 1e6, 5e5, 1e5]})
+def six_profiles(levels=(16, 1, 8)) -> pd.DataFrame:
+    """Six runs' cold phases at `levels` (given out of order), one warm phase for the first."""
+    frames = []
+    for r, run in enumerate(("kvscope", "kvscope-serial", "stock", "raw-block-posix",
+                             "raw-block-io_uring", "fs")):
+        for c in levels:
+            part = attribution(run, 4, scale=1 + r + c / 16).assign(
+                phase=f"cold-c{c}", concurrency=c)
+            frames.append(part.assign(key=part["key"] + f"-{c}"))
+    warm = attribution("kvscope", 2).assign(phase="warm", concurrency=1)
+    return pd.concat([warm, *frames], ignore_index=True)
+
+
+def test_concurrency_is_one_panel_per_run_levels_in_numeric_order_one_shared_scale():
+    fig = figures.build_concurrency(six_profiles())
+    panels = [a.text for a in fig.layout.annotations]
+    assert panels == ["kvscope · warm", "kvscope", "kvscope-serial", "stock", "raw-block-posix",
+                      "raw-block-io_uring", "fs"]
+    for trace in fig.data:
+        if trace.xaxis != "x":  # the warm panel has its one level
+            assert list(trace.x) == ["c=1", "c=8", "c=16"]  # numbers, not strings, in order
+    assert len({fig.layout[a].matches for a in fig.layout if a.startswith("yaxis")} - {None}) == 1
+    assert sum(t.showlegend is not False for t in fig.data) == len(figures.COMPONENTS)
+
+
+def percentile_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (run, phase, c), group in frame.groupby(["run", "phase", "concurrency"], sort=False):
+        for component in figures.PANEL_COMPONENTS:
+            values = group[f"{component}_ns"].to_numpy("float64")
+            rows += [{"run": run, "series": f"{run} · {phase} c={c}", "phase": phase,
+                      "concurrency": c, "component": component, "percentile": name,
+                      "value_ns": float(np.percentile(values, q))}
+                     for name, q in (("p50", 50), ("p90", 90), ("p99", 99))]
+    return pd.DataFrame(rows)
+
+
+def test_percentiles_one_panel_per_component_runs_as_colours_concurrency_numeric():
+    frame = six_profiles()
+    pct = percentile_rows(frame)
     fig = figures.build_percentiles(pct)
-    by_panel = {t.xaxis: dict(zip(t.x, t.y)) for t in fig.data}
-    assert sorted(by_panel.values(), key=len) == [{"a": 0.5}, {"a": 2.0, "b": 1.0}]
-    assert {a.text for a in fig.layout.annotations} == {"ttft", "prefill"}  # sub-parts left out
-    assert fig.layout.barmode == "group"
-    assert fig.layout.yaxis.matches is None  # each panel on its own scale
+    assert [a.text for a in fig.layout.annotations] == list(figures.PANEL_COMPONENTS)
+    assert {t.name for t in fig.data} == {"kvscope · warm", "kvscope", "kvscope-serial", "stock",
+                                          "raw-block-posix", "raw-block-io_uring", "fs"}
+    assert sum(bool(t.showlegend) for t in fig.data) == 7  # one entry per line, not per panel
+    colors = {t.name: t.line.color for t in fig.data}
+    assert len(set(colors.values())) == 6 and colors["kvscope"] == colors["kvscope · warm"]
+    for axis in (a for a in fig.layout if a.startswith("xaxis")):
+        assert fig.layout[axis].type == "log" and list(fig.layout[axis].tickvals) == [1, 8, 16]
+        assert fig.layout[axis].tickangle is None  # nothing rotated into the next row
+    stock_p99 = next(t for t in fig.data if t.name == "stock" and t.line.dash == "dash"
+                     and t.xaxis == "x4")  # storage_read, the fourth panel
+    assert list(stock_p99.x) == [1, 8, 16]
+    expected = pct[(pct["run"] == "stock") & (pct["component"] == "storage_read")
+                   & (pct["percentile"] == "p99")].sort_values("concurrency")
+    assert list(stock_p99.y) == pytest.approx((expected["value_ns"] / 1e6).round(3).tolist())
+    assert all(fig.layout[a].matches is None for a in fig.layout if a.startswith("yaxis"))
+    sub_parts = pct.assign(component="storage_device_queue")
+    assert len(figures.build_percentiles(pd.concat([pct, sub_parts])).data) == len(fig.data)
 
 
 def test_empty_selection_says_why():

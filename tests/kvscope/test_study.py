@@ -119,13 +119,21 @@ def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(thr
 def test_the_stock_run_warms_for_the_whole_study(tmp_path):
     opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
     steps = study.plan(opts)
-    assert [s.profile for s in steps] == ["stock", study_options.BASELINE, study_options.CANDIDATE]
-    stock, serial, parallel = steps
+    assert [s.profile for s in steps] == ["stock", study_options.BASELINE, study_options.CANDIDATE,
+                                          "raw-block-posix", "raw-block-io_uring", "fs"]
+    stock, serial, parallel, posix, uring, fs = steps
     assert stock.phases == ["warm", "cold"] and stock.warm_from is None
     assert stock.copy_dir is not None and stock.copy_dir != stock.kv_dir
     for step in (serial, parallel):  # cold only, each in its own server, on the copy
         assert step.phases == ["cold"] and step.warm_from == "stock"
         assert step.kv_dir == stock.copy_dir and step.copy_dir is None
+    # each peer format is written once by stock's server, read cold in a server of its own
+    assert set(stock.peer_copies) == {"raw-block", "fs"}
+    assert posix.kv_dir == uring.kv_dir == stock.peer_copies["raw-block"]
+    assert fs.kv_dir == stock.peer_copies["fs"]
+    for step in (posix, uring, fs):
+        assert step.phases == ["cold"] and step.warm_from == "stock" and not step.peer_copies
+    assert len({stock.kv_dir, stock.copy_dir, *stock.peer_copies.values()}) == 4
     assert study.warm_group("stock") is None
     assert study.warm_group(study_options.BASELINE) == study.warm_group(study_options.CANDIDATE) is not None
     apart = study.plan(study_options.StudyOptions(out=tmp_path / "s", share_warm=False))
@@ -226,3 +234,42 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
     assert not (tmp_path / "kv").exists() or not any((tmp_path / "kv").iterdir())
     table = study.headline(runs)
     assert (table["req_per_s"] > 0).all() and (table["storage_tok_per_s"] > 0).all()
+
+
+def test_peer_formats_are_written_by_tiers_after_stocks_own(tmp_path):
+    from kvscope.capture.workload import peers, profiles
+
+    for made in ("rb", "fs"):  # the runner makes them (private, locked) before the server
+        (tmp_path / made).mkdir()
+    config = peers.with_copies(profiles.get("stock").lmcache_config(tmp_path / "a"),
+                               {"raw-block": tmp_path / "rb", "fs": tmp_path / "fs"})
+    assert config["local_disk"] == f"file://{tmp_path / 'a'}"  # stock's tier, asked first
+    assert config["storage_plugins"] == [peers.RAW_BLOCK_PLUGIN]
+    assert config["remote_storage_plugins"] == [peers.FS_PLUGIN]
+    extra = config["extra_config"]
+    image = tmp_path / "rb" / peers.IMAGE
+    assert extra["rust_raw_block.device_path"] == str(image)
+    assert extra["rust_raw_block.use_odirect"] is True
+    assert extra[f"remote_storage_plugin.{peers.FS_PLUGIN}.base_path"] == str(tmp_path / "fs")
+    assert extra["fs_connector_use_odirect"] is True and extra["save_chunk_meta"] is False
+    assert image.stat().st_size == peers.IMAGE_BYTES and peers.allocated_bytes(image) < 1 << 20
+    uring = profiles.get("raw-block-io_uring").lmcache_config(tmp_path / "rb")["extra_config"]
+    assert uring["rust_raw_block.io_engine"] == "io_uring"
+    assert uring["rust_raw_block.device_path"] == str(image)  # one image, both engines
+    assert study.warm_group("raw-block-posix") == study.warm_group("raw-block-io_uring")
+
+
+def test_peer_verdicts_follow_the_ci_and_name_what_to_shrink(runs):
+    compared = study.peer_comparisons(runs)
+    assert list(compared["profile"]) == [study_options.BASELINE]  # every other run vs kvscope
+    row = compared.iloc[0]
+    table = study.headline(runs)
+    p50 = table.set_index("profile")["ttft_p50_s"]
+    assert row["ttft_ratio"] == pytest.approx(p50[study_options.BASELINE]
+                                              / p50[study_options.CANDIDATE], rel=1e-6)
+    assert row["ttft_lo"] <= row["ttft_ratio"] <= row["ttft_hi"]
+    [line] = study.peer_verdicts(table, compared)
+    standing = ("ahead" if row["ttft_lo"] > 1 else "behind" if row["ttft_hi"] < 1 else "level")
+    assert f"kvscope {standing}" in line
+    assert ("to pass it" in line) == (standing == "behind")
+    assert study.bound(table.iloc[0]) in line
