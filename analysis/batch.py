@@ -19,6 +19,7 @@ the process of most of its worker-side spans. Spans without a process.pid join n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -103,7 +104,7 @@ def profile(worker: Worker, io: pd.DataFrame, priority: tuple[str, ...]) -> Prof
     io = io[io_proc >= 0]
     io_proc = io_proc[io_proc >= 0]
     code = _CODE
-    parts = [(spans["proc"].to_numpy(), spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(),
+    parts: list[tuple[Any, Any, Any, Any]] = [(spans["proc"].to_numpy(), spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(),
               spans["label"].to_numpy(np.int64)),
              (io_proc, io["start_ns"].to_numpy(), io["issue_ns"].to_numpy(), code["device_queue"]),
              (io_proc, io["issue_ns"].to_numpy(), io["complete_ns"].to_numpy(),

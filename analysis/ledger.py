@@ -57,6 +57,7 @@ def table(spans: pd.DataFrame) -> pd.DataFrame:
     frames = []
     arrays = {column: spantable.values(last, key) for column, key in _ARRAYS.items()}
     vllm_ids = spantable.values(last, semconv.VLLM_REQUEST_ID)
+    row: Any  # a span row (pandas types its fields as any scalar)
     for i, row in enumerate(last.itertuples(index=False)):
         n = len(arrays["start_token"][i] or [])
         if n == 0 or any(len(arrays[c][i] or []) != n for c in _ARRAYS):
@@ -147,12 +148,12 @@ def tally(ledger: pd.DataFrame, rate: float | None) -> dict[str, Any] | None:
     hits = ledger[ledger["tier"] != chunk_outcomes.TIER_NONE]
     misses = ledger[ledger["tier"] == chunk_outcomes.TIER_NONE]
     missed = int(misses["tokens"].sum())
-    tiers = {tier: {"chunks": int((hits["tier"] == tier).sum()),
+    tiers: dict[str, dict[str, Any]] = {tier: {"chunks": int((hits["tier"] == tier).sum()),
                     "tokens": int(hits.loc[hits["tier"] == tier, "tokens"].sum())}
              for tier in chunk_outcomes.TIERS}
     for tier in tiers.values():
         tier["hit_rate"] = tier["tokens"] / total if total else None
-    reasons = []
+    reasons: list[dict[str, Any]] = []
     for reason, group in misses.groupby("reason", sort=False):
         tokens = int(group["tokens"].sum())
         reasons.append({

@@ -49,7 +49,8 @@ def fp32_gflops(seconds: float = 1.0) -> float:
     try:
         a, b = torch.randn(1024, 256), torch.randn(256, 3072)
         a @ b
-        took, started = [], time.perf_counter()
+        took: list[float] = []
+        started = time.perf_counter()
         while time.perf_counter() - started < seconds or len(took) < 3:
             t = time.process_time()
             a @ b

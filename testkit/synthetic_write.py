@@ -65,9 +65,9 @@ def _manifest(path: Path, plan: pd.DataFrame, seed: int, concurrency: int,
         "machine": {"hostname": "synthetic", "disk_device": "vda"},
         "versions": {"kvscope": "synthetic"},
         "clock": {"offset_ns": OFFSET_NS, "uncertainty_ns": 1000},
-        "phases": [{"name": phases[p], "concurrency": concurrency,
+        "phases": [{"name": phases[int(g["phase_no"].to_numpy()[0])], "concurrency": concurrency,
                     "started_ns": int(g["arrival"].min()), "ended_ns": int(g["finish"].max()),
-                    "num_requests": len(g), "num_errors": 0} for p, g in by_phase],
+                    "num_requests": len(g), "num_errors": 0} for _, g in by_phase],
         "probes": {"mode": "synthetic"}, "tracer": {"enabled": True, "exporters": ["synthetic"]},
     }
 
@@ -111,10 +111,11 @@ def _spans(plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame,
         (7, 1, semconv.SPAN_KV_LOAD, p["load_start"], load_end, hit),
         (8, 7, semconv.SPAN_KV_TRANSFER, p["transfer_start"], p["transfer_start"] + p["t"], hit),
     ]
+    table_rows: list[tuple[int, int, str, Any, Any, Any]] = table
     frames = [pd.DataFrame({"key": p.index.to_numpy()[rows], "no": no, "parent": parent,
                             "name": name, "start": np.asarray(start)[rows],
                             "end": np.asarray(end)[rows]})
-              for no, parent, name, start, end, rows in table]
+              for no, parent, name, start, end, rows in table_rows]
     per_read = io.groupby(["key", "tid"]).size()
     read_ios = per_read.reindex(pd.MultiIndex.from_arrays([reads["key"], reads["tid"]]),
                                 fill_value=0).to_numpy()
@@ -136,7 +137,7 @@ def _spans(plan: pd.DataFrame, reads: pd.DataFrame, io: pd.DataFrame,
 def _ledger_spans(plan: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
     """One kv.ledger span per request, inside its lookup, with its chunks as arrays."""
     lookup_end = (plan["queue_start"] + plan["q"]).to_numpy()
-    attrs = {}
+    attrs: dict[Any, dict[str, Any]] = {}
     for key, group in chunks.groupby("key"):
         attrs[key] = {
             semconv.LEDGER_START: group["start"].tolist(),
@@ -163,13 +164,13 @@ def _ledger_attributes(spans: pd.DataFrame, chunks: pd.DataFrame) -> None:
     computed = chunks[chunks["tier"] == "none"].groupby("key").size().reindex(
         first.index, fill_value=0) * (chunks["end"] - chunks["start"]).iloc[0]
     vllm = first["vllm_chunks"] * (chunks["end"] - chunks["start"]).iloc[0]
-    if "attrs" not in spans:
-        spans["attrs"] = None
-    spans["attrs"] = spans["attrs"].astype(object)
-    for i in spans.index[spans["name"] == semconv.SPAN_KV_LOOKUP]:
-        spans.at[i, "attrs"] = {semconv.VLLM_CACHED_TOKENS: int(vllm[spans.at[i, "key"]])}
-    for i in spans.index[spans["name"] == semconv.SPAN_PREFILL]:
-        spans.at[i, "attrs"] = {semconv.PREFILL_TOKENS: int(computed[spans.at[i, "key"]])}
+    attrs: list[Any] = spans["attrs"].tolist() if "attrs" in spans else [None] * len(spans)
+    names, keys = spans["name"].to_numpy(), spans["key"].to_numpy()
+    for i in np.flatnonzero(names == semconv.SPAN_KV_LOOKUP):
+        attrs[i] = {semconv.VLLM_CACHED_TOKENS: int(vllm[keys[i]])}
+    for i in np.flatnonzero(names == semconv.SPAN_PREFILL):
+        attrs[i] = {semconv.PREFILL_TOKENS: int(computed[keys[i]])}
+    spans["attrs"] = pd.Series(attrs, index=spans.index, dtype=object)
 
 
 def _write_spans(path: Path, spans: pd.DataFrame, per_file: int, encoder: str) -> None:
@@ -229,6 +230,7 @@ def _sdk_spans(spans: pd.DataFrame) -> list[ReadableSpan]:
     scope = InstrumentationScope(SCOPE)
     flags = TraceFlags(TraceFlags.SAMPLED)
     out = []
+    row: Any  # a span row (pandas types its fields as any scalar)
     for row in spans.itertuples(index=False):
         key, number, parent_number = int(row.key), int(row.no), int(row.parent)
         trace_id = int(_trace_id(key), 16)

@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any, Callable, Collection
 
 import wrapt
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]  # mypy 2.4 reads every name of this module as missing
 from opentelemetry.instrumentation.utils import unwrap
 
 from kvscope.contract import upstream

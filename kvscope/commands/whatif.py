@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import sys
 
 
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     table = whatif.published_table()
     for study, rows in table.groupby("study", sort=False):
         print(f"## {study}")
+        r: Any  # a row of the published table (pandas types its fields as any scalar)
         for r in rows.itertuples():
             model = "" if r.model is None or r.model != r.model else f"model {r.model:g}"
             print(f"- [{r.kind}] {r.case}: published {r.published}; {model} {r.error}".rstrip())
