@@ -19,11 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvscope.analysis import outputs, report
+    from kvscope.contract.files import UnsafePath
     from kvscope.contract.rundir import RunDirError
 
     try:
         attribution, summary = outputs.analyze(args.run, plots=not args.no_plots)
-    except (FileNotFoundError, RunDirError) as e:
+    except (FileNotFoundError, RunDirError, UnsafePath) as e:
         print(f"kvscope analyze: {e}", file=sys.stderr)
         return 2
     r = summary["requests"]
