@@ -20,7 +20,7 @@ from kvscope.analysis import ledger, report, slices, spantable
 from kvscope.analysis.attribution import attribute
 from kvscope.analysis.run import Run, clock_offset_ns, load_run, read_tables
 from kvscope.analysis.summary import ANALYSIS_VERSION, summarize
-from kvscope.contract import rundir
+from kvscope.contract import files, rundir
 
 ATTRIBUTION_FILE = "attribution.parquet"
 SUMMARY_FILE = "summary.json"
@@ -53,9 +53,11 @@ def analyze(path: str | Path, *, plots: bool = True) -> tuple[pd.DataFrame, dict
     summary = summarize(run, attribution)
     summary["request_notes"] = run.request_notes
     summary["inputs_fingerprint"] = inputs_fingerprint(path)
-    attribution.to_parquet(path / ATTRIBUTION_FILE, index=False)
-    ledger.of_run(run).to_parquet(path / rundir.CHUNK_LEDGER.file, index=False)
-    (path / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    with files.atomic_writer(path / ATTRIBUTION_FILE) as f:
+        attribution.to_parquet(f, index=False)
+    with files.atomic_writer(path / rundir.CHUNK_LEDGER.file) as f:
+        ledger.of_run(run).to_parquet(f, index=False)
+    files.atomic_write(path / SUMMARY_FILE, json.dumps(summary, indent=2))
     if plots:
         report.write(path, attribution, summary)
     if run.manifest:

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from kvscope.analysis.attribution import BATCH_PARTS, COMPONENTS, STORAGE_PARTS
+from kvscope.contract import files
 
 
 def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Path:
@@ -19,8 +20,7 @@ def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Pat
     import matplotlib
 
     matplotlib.use("Agg")
-    plots = path / "plots"
-    plots.mkdir(exist_ok=True)
+    plots = files.private_dir(path / "plots")
     complete = attribution[~attribution["partial"].astype(bool)]
     names = [_breakdown_plot(complete, plots), _cdf_plot(complete, plots),
              _depth_plot(summary, plots)]
@@ -29,7 +29,7 @@ def write(path: Path, attribution: pd.DataFrame, summary: dict[str, Any]) -> Pat
     lines += _ledger_table(summary) + _findings(summary) + [""]
     lines += [f"![{n}](plots/{n}.png)" for n in names if n]
     report = path / "report.md"
-    report.write_text("\n".join(lines) + "\n")
+    files.atomic_write(report, "\n".join(lines) + "\n")
     return report
 
 
@@ -114,7 +114,8 @@ def _breakdown_plot(complete: pd.DataFrame, plots: Path) -> str | None:
     ax.set_title("Where TTFT goes (exclusive time per component)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     plt.tight_layout()
-    plt.savefig(plots / "breakdown.png", dpi=100)
+    with files.atomic_writer(plots / "breakdown.png") as f:
+        plt.savefig(f, format="png", dpi=100)
     plt.close("all")
     return "breakdown"
 
@@ -152,6 +153,7 @@ def _save(fig: Any, ax: Any, xlabel: str, ylabel: str, path: Path) -> str:
     ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with files.atomic_writer(path) as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
     return path.stem

@@ -32,6 +32,7 @@ from typing import IO, Iterable, Iterator
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+OUTPUT_FILE_MODE = 0o644  # a file the user named (an export, a report): as readable as their own
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvscope.capture import ceiling
-from kvscope.contract import rundir
+from kvscope.contract import files, rundir
 from kvscope.capture.workload import profiles
 from kvscope.capture.workload.options import RunOptions
 from kvscope.capture.workload.runner import execute
@@ -171,7 +171,7 @@ def record(study: Path, runs: dict[str, Path], steps: list[Step],
         rundir.update_manifest(run, "study", {
             "dir": str(study), "profiles": list(runs), "warm_phase_from": warm_from[profile],
             "device_ceiling": ceilings[device].as_dict() if device in ceilings else None})
-    (study / "study.json").write_text(json.dumps(body, indent=2))
+    files.atomic_write(study / "study.json", json.dumps(body, indent=2), files.OUTPUT_FILE_MODE)
     return body
 
 
@@ -397,7 +397,7 @@ def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Pat
     lines += ["## Runs", ""] + [f"- `{p}`: [{r.name}/report.md]({r.name}/report.md)"
                                 for p, r in runs.items()]
     report = study / "study.md"
-    report.write_text("\n".join(lines) + "\n")
+    files.atomic_write(report, "\n".join(lines) + "\n", files.OUTPUT_FILE_MODE)
     return report
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from kvscope.contract import files
 from kvscope.contract.env import ENV_FP32_GEMM
 
 LOG_TAIL_LINES = 40
@@ -86,7 +87,7 @@ class VLLMServer:
     def start(self) -> None:
         cfg = self.config
         lmcache_path = cfg.log_path.with_name("lmcache.yaml")
-        lmcache_path.write_text(yaml.safe_dump(cfg.lmcache, sort_keys=False))
+        files.atomic_write(lmcache_path, yaml.safe_dump(cfg.lmcache, sort_keys=False))
         env = {**os.environ, **cfg.env(lmcache_path)}
         log = open(cfg.log_path, "ab")
         started = time.monotonic()

@@ -36,11 +36,12 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "out", None) or getattr(args, "engine", None) or len(runs) > 1:
         return _fleet(args, runs)
     from kvscope.analysis import outputs, report
+    from kvscope.contract.files import UnsafePath
     from kvscope.contract.rundir import RunDirError
 
     try:
         attribution, summary = outputs.analyze(runs[0], plots=not args.no_plots)
-    except (FileNotFoundError, RunDirError) as e:
+    except (FileNotFoundError, RunDirError, UnsafePath) as e:
         print(f"kvscope analyze: {e}", file=sys.stderr)
         return 2
     r = summary["requests"]

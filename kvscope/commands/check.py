@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from kvscope.contract import files
+
 EPILOG = """examples:
   kvscope check runs/new --baseline ci/ttft-baseline.json --junit out.xml
   kvscope check runs/good --baseline ci/ttft-baseline.json --write-baseline --phase cold --tolerance 0.15
@@ -54,7 +56,7 @@ def _regression(args: argparse.Namespace) -> int:
     if args.write_baseline:
         baseline = gate.baseline_from(attribution, phase=args.phase, stat=args.stat,
                                       tolerance=args.tolerance)
-        Path(args.baseline).write_text(json.dumps(baseline, indent=2))
+        files.atomic_write(args.baseline, json.dumps(baseline, indent=2), files.OUTPUT_FILE_MODE)
         print(f"wrote {args.baseline} ({len(baseline['components'])} components)")
         return 0
     result = gate.check(attribution, gate.read_baseline(args.baseline))
@@ -63,7 +65,9 @@ def _regression(args: argparse.Namespace) -> int:
         print(f"{r.component:24} {r.baseline_s:11.4f} {r.current_s:11.4f} {r.limit_s:11.4f} "
               f"{r.change:+8.1%}  {r.status}")
     if args.junit:
-        Path(args.junit).write_text(gate.junit_xml(result, f"kvscope-check {Path(args.run).name}"))
+        files.atomic_write(args.junit,
+                           gate.junit_xml(result, f"kvscope-check {Path(args.run).name}"),
+                           files.OUTPUT_FILE_MODE)
     regressed = int((result["status"] != "ok").sum())
     print(f"{regressed} regression(s)" if regressed else "no regression")
     return 1 if regressed else 0
@@ -88,10 +92,10 @@ def _gates(args: argparse.Namespace) -> int:
     for r in result.itertuples():
         print(f"  {r.status:4}  {r.gate}: {r.value:.4f} (needs {acceptance.bounds(r)}; {r.detail})")
     if args.junit:
-        Path(args.junit).write_text(gate.junit(
+        files.atomic_write(args.junit, gate.junit(
             f"kvscope-gates {Path(args.run).name}",
             [(r.gate, acceptance.failure_message(r) if r.status != "pass" else None)
-             for r in result.itertuples()]))
+             for r in result.itertuples()]), files.OUTPUT_FILE_MODE)
     failed = int((result["status"] != "pass").sum())
     print(f"{failed} of {len(result)} gates failed" if failed else f"all {len(result)} gates pass")
     return 1 if failed else 0

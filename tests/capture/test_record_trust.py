@@ -135,6 +135,27 @@ def test_from_a_private_directory_only_regular_files_of_the_servers_user(tmp_pat
     assert "4 files not copied" in line and "uid 0" in line
 
 
+def test_copying_stops_at_the_caps_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(recording, "MAX_SPAN_FILES", 2)
+    monkeypatch.setattr(recording, "MAX_SPAN_FILE_BYTES", 100)
+    spans = tmp_path / "spans"
+    spans.mkdir(mode=0o700)
+
+    def write():
+        (spans / "vllm-1-00000.json").write_text(SPAN_FILE)
+        (spans / "vllm-1-00001.json").write_text(" " * 101)  # over the per-file cap
+        for n in (2, 3, 4):
+            (spans / f"vllm-1-0000{n}.json").write_text(SPAN_FILE)
+
+    with standin({"/metrics": METRICS, "/v1/models": MODELS}) as url:
+        done = _record(_server({ENV_SPANS_DIR: str(spans)}), url, tmp_path / "run", write)
+    assert sorted(p.name for p in (done.run / "spans").glob("*.json")) == [
+        "vllm-1-00000.json", "vllm-1-00002.json"]
+    notes = "\n".join(done.missing)
+    assert "1 files not copied" in notes and "101 bytes, over the 100-byte cap" in notes
+    assert "copying stopped at 2 files" in notes
+
+
 def test_hostile_answers_config_and_stats_cost_a_line_each_not_the_recording(tmp_path):
     """Before: LMCACHE_CONFIG_FILE=/dev/zero was a MemoryError, a YAML list an AttributeError,
     an endless /metrics or /v1/models a MemoryError, a stats file [1,2] an AttributeError."""
