@@ -14,6 +14,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kvscope.contract import files
+
 MARKER = "kvscope-twin.json"
 CHUNK_TOKENS = 256  # LMCache's default chunk size
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
@@ -114,7 +116,7 @@ def make(spec: TwinSpec, directory: str | Path) -> tuple[Path, bool]:
     _write_tokenizer(spec, directory)
     _write_weights(spec, directory)
     marker = {"fingerprint": spec.fingerprint(), "spec": asdict(spec)}
-    (directory / MARKER).write_text(json.dumps(marker, indent=2))
+    files.atomic_write(directory / MARKER, json.dumps(marker, indent=2), files.OUTPUT_FILE_MODE)
     return directory, True
 
 
