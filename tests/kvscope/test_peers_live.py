@@ -5,12 +5,10 @@ new server (its index found again on the device)."""
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import pytest
 
-from kvscope import study
+from kvscope import analysis, study
 from kvscope.analysis import outputs
 from kvscope.analysis.attribution import COMPONENTS
 from kvscope.capture.workload import profiles
@@ -40,9 +38,9 @@ def test_live_tiny_peers_are_traced_joined_and_attributed(tmp_path, free_port):
         assert cold["chunks_on_disk"] == requests * chunks_per_prompt, peer
         table = rundir.read_table(runs[peer], "requests")
         assert (table.loc[table["phase"] == "cold", "cached_tokens"] == 512).all(), peer
-        spans = pd.read_parquet(runs[peer] / "spans.parquet")
+        spans = analysis.load_run(runs[peer]).spans  # every attribute of a span in one dict
         reads = spans[spans["name"] == "kvscope.storage.read"]
-        attrs = [json.loads(a) for a in reads["attributes"]]
+        attrs = list(reads["attributes"])
         cold_reads = [a for a, r in zip(attrs, reads["request_id"]) if "-cold-" in str(r)]
         assert {a["kvscope.storage.backend"] for a in attrs} == {label}, peer
         assert sum(a["kvscope.storage.chunks"] for a in cold_reads) == (

@@ -38,9 +38,10 @@ def exported(monkeypatch):
     """Finished spans of this process's tracer, in memory."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(runtime, "get", lambda *a, **k: runtime.Runtime(
-        SimpleNamespace(provider=provider), 0))
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    built = runtime.Runtime(SimpleNamespace(provider=provider, span_processor=processor), 0)
+    monkeypatch.setattr(runtime, "get", lambda *a, **k: built)
     listener = ParallelReadListener()
     hooks.add_listener(listener)
     yield exporter

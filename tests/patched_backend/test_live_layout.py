@@ -23,6 +23,9 @@ from kvscope.patched_backend.parallel_disk.chunkfile import read_header
 
 pytestmark = [pytest.mark.live]
 
+# A prefix hit computes the last tokens' attention over loaded KV instead of in one prefill pass;
+# the sums run in another order and the logprob moves in its sixth digit (seen: 2.9e-6).
+SUMMATION_NOISE = 1e-4
 PROMPT = [(7 * i + 3) % 1000 + 1 for i in range(600)]  # two full 256-token chunks
 
 
@@ -45,7 +48,8 @@ def test_restart_with_another_block_size_serves_no_wrong_kv(tmp_path, free_port)
         assert cached == 0
         _wait_for_two_chunks(kv, 128)
         reloaded_128, cached = first_token(server, PROMPT)
-        assert cached == 512 and reloaded_128 == computed_128  # same layout: same KV
+        assert cached == 512  # same layout: the same KV, summed in another order on a hit
+        assert reloaded_128 == pytest.approx(computed_128, abs=SUMMATION_NOISE)
     with tiny_server(tmp_path / "bs32", kv, free_port, 32) as server:
         after_restart, cached = first_token(server, PROMPT)
         log = server_log(tmp_path / "bs32")
@@ -56,4 +60,4 @@ def test_restart_with_another_block_size_serves_no_wrong_kv(tmp_path, free_port)
         reloaded_32, cached = first_token(server, PROMPT)
     assert cached == 512
     assert after_restart == pytest.approx(computed_128, abs=2e-3), (after_restart, computed_128)
-    assert reloaded_32 == after_restart
+    assert reloaded_32 == pytest.approx(after_restart, abs=SUMMATION_NOISE)
