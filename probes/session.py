@@ -169,12 +169,13 @@ class ProbeSession:
         if self.nvme_error:
             record["nvme_error"] = self.nvme_error
         if self.nvme is not None:
-            nvme_io, nvme_depth, summary = self.nvme.result(self.phase)
-            rundir.append_table(self.run, "nvme_io", nvme_io)
-            rundir.append_table(self.run, "queue_depth", nvme_depth)
-            rows.update(nvme_io=len(nvme_io), queue_depth=rows["queue_depth"] + len(nvme_depth))
-            lost.update(self.nvme.lost_events)
-            record["nvme"] = summary
+            nvme = self.nvme.result(self.phase)
+            rundir.append_table(self.run, "nvme_io", nvme.nvme_io)
+            rundir.append_table(self.run, "queue_depth", nvme.queue_depth)
+            rows.update(nvme_io=len(nvme.nvme_io),
+                        queue_depth=rows["queue_depth"] + len(nvme.queue_depth))
+            lost.update(nvme.lost_events)
+            record["nvme"] = nvme.summary
         return {"mode": "bpf", "key": self.plan.key, "key_note": self.plan.note,
                 "tracepoints": self.plan.tracepoints,
                 "why_fallback": "", "lost_events": lost, "rows": rows, **record}
