@@ -5,7 +5,7 @@
     ...phase runs...
     session.stop()      # or: with probes.session.start(...): ...
 
-Two modes: "per-io" (default) follows every request through five tracepoints and writes one
+Two modes: "per-io" (default) follows every request from submission to completion and writes one
 block_io row per request; "aggregate" (always-on) keeps per-device / per-process histograms and
 counters in the kernel from one tracepoint per request and writes rows only for `pids` (thread
 or process ids), for long recordings on busy hosts.
@@ -72,8 +72,9 @@ class ProbeSession:
         if self.mode == "aggregate":
             self._start_aggregate(plan)
             return
-        opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint,
-                            offsets=plan.offsets)
+        opts = BlockOptions(key=plan.key, attach=plan.attach,
+                            start_tracepoint=plan.start_tracepoint, offsets=plan.offsets,
+                            flush_seq_bit=plan.flush_seq_bit)
         if plan.note:
             log.warning("kvscope probes: %s", plan.note)
         self.block = BlockProbe(opts, pids=self.pids, devices=self.devices)
@@ -165,7 +166,8 @@ class ProbeSession:
         rundir.append_table(self.run, "queue_depth", result.queue_depth)
         rows = {"block_io": len(result.block_io), "queue_depth": len(result.queue_depth)}
         lost = dict(result.lost_events)
-        record: dict[str, Any] = {"histograms_log2_us": result.histograms}
+        record: dict[str, Any] = {"histograms_log2_us": result.histograms,
+                                  "lost_by_op": result.lost_by_op}
         if self.nvme_error:
             record["nvme_error"] = self.nvme_error
         if self.nvme is not None:
