@@ -89,8 +89,8 @@ def attribute_tables(requests: pd.DataFrame, all_spans: pd.DataFrame, block_io: 
     spans = _labelled_spans(all_spans, key_of)
     worker = batch.worker_spans(all_spans, key_of, n)
     reads = spans[spans["label"] == CODE["storage_read"]]
-    windows = blockjoin.reader_windows(_with_tid_dicts(reads))
-    io = blockjoin.join(windows, block_io)
+    reads = _with_join_dicts(reads)
+    io = blockjoin.join(reads, block_io)
     arrival = requests["arrival_ns"].to_numpy(np.int64)
     first = requests["first_token_ns"].to_numpy(np.int64)
     queue_end = None if batch_from == "arrival" else _queue_end(spans, n)
@@ -105,20 +105,23 @@ def attribute_tables(requests: pd.DataFrame, all_spans: pd.DataFrame, block_io: 
     frame = _frame(requests, out, spans, io)
     tokens = ledger.per_request(ledger.table(all_spans), requests["request_id"])
     frame[list(TOKEN_COLUMNS)] = tokens.to_numpy()
-    facts = diagnostics.Facts(requests, spans, reads, windows, io, outside, request_notes,
+    facts = diagnostics.Facts(requests, spans, reads, blockjoin.joinable(reads), io, outside,
+                              request_notes,
                               worker.unidentified)
     frame["partial"], frame["diagnostics"] = diagnostics.describe(facts, skew_tolerance_ns,
                                                                   have_block_io)
     return frame
 
 
-def _with_tid_dicts(reads: pd.DataFrame) -> pd.DataFrame:
-    """`reads` with the attribute dicts blockjoin reads, built from the typed reader-tid
-    column when the spans came from the span table (a dict per read, not per span)."""
+def _with_join_dicts(reads: pd.DataFrame) -> pd.DataFrame:
+    """`reads` with the attribute dicts blockjoin reads (reader tids, chunk windows and disk
+    extents), built from their typed columns when the spans came from the span table (a dict
+    per read, not per span)."""
     if "attributes" in reads:
         return reads
-    tids = spantable.values(reads, semconv.READER_TIDS)
-    dicts = [{} if t is None else {semconv.READER_TIDS: t} for t in tids]
+    columns = {key: spantable.values(reads, key) for key in blockjoin.ATTRIBUTE_KEYS}
+    dicts = [{key: v[i] for key, v in columns.items() if v[i] is not None}
+             for i in range(len(reads))]
     return reads.assign(attributes=pd.Series(dicts, index=reads.index, dtype=object))
 
 

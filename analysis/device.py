@@ -83,7 +83,8 @@ def littles_law(block_io: pd.DataFrame, depth: list[dict[str, Any]]) -> list[dic
     """
     out = []
     for d in depth:
-        io = block_io[block_io["device"] == d["device"]]
+        # a request the flush machinery finished unissued (issue_ns -1) held no place at the device
+        io = block_io[(block_io["device"] == d["device"]) & (block_io["issue_ns"] >= 0)]
         if io.empty or not d["observed_s"]:
             continue
         throughput = len(io) / d["observed_s"]

@@ -23,7 +23,7 @@ class Facts:
     requests: pd.DataFrame
     spans: pd.DataFrame  # component spans with key and label
     reads: pd.DataFrame  # the storage.read rows of spans
-    windows: pd.DataFrame  # reader windows (blockjoin.reader_windows)
+    joinable: np.ndarray  # per row of `reads`: it can be joined to block I/O (blockjoin)
     io: pd.DataFrame  # joined block I/O (blockjoin.join)
     outside_ns: np.ndarray  # per request, farthest reach of a span outside the window
     notes: dict[str, list[str]]  # request_id -> problems found while loading
@@ -59,11 +59,11 @@ def describe(facts: Facts, skew_tolerance_ns: int, have_block_io: bool) -> tuple
         (ids.isin(list(facts.notes)).to_numpy(),
          ids.map(lambda rid: "; ".join(facts.notes.get(rid, []))) if facts.notes else ""),
     ]
-    untied = _reads_without_tids(facts, n)
+    untied = _unjoinable_reads(facts, n)
     if have_block_io:
         doubtful.append((ok & (untied > 0), pd.Series(untied).map(
-            "{} storage.read spans lack kvscope.storage.reader_tids: their disk time is not "
-            "joined".format)))
+            "{} storage.read spans carry neither chunk extents nor kvscope.storage.reader_tids: "
+            "their disk time is not joined".format)))
     remarks = _remarks(facts, n, ok, untied, have_block_io)
     partial = np.zeros(n, dtype=bool)
     for mask, _ in doubtful:
@@ -79,12 +79,11 @@ def _per_key_counts(spans: pd.DataFrame, n: int) -> dict[str, np.ndarray]:
     return counts
 
 
-def _reads_without_tids(facts: Facts, n: int) -> np.ndarray:
-    with_tids = np.zeros(n, dtype=np.int64)
-    np.add.at(with_tids, facts.windows.drop_duplicates(["key", "win_start", "win_end"])["key"]
-              .to_numpy(np.int64), 1)
-    reads = np.bincount(facts.reads["key"].to_numpy(), minlength=n)
-    return np.maximum(reads - with_tids, 0)
+def _unjoinable_reads(facts: Facts, n: int) -> np.ndarray:
+    """Per request, its storage.read spans that say neither where nor by which thread they
+    read: their block I/O cannot be joined."""
+    keys = facts.reads["key"].to_numpy(np.int64)[~facts.joinable]
+    return np.bincount(keys, minlength=n)
 
 
 def _remarks(facts: Facts, n: int, ok: np.ndarray, untied: np.ndarray,
@@ -98,8 +97,9 @@ def _remarks(facts: Facts, n: int, ok: np.ndarray, untied: np.ndarray,
         (ok & have_block_io & (reads > untied) & (ios == 0),
          "its storage reads matched no block I/O (page-cache hits?): storage time is software"),
         (ok & (ambiguous > 0), pd.Series(ambiguous).map(
-            "{} block I/Os fell in overlapping reads of one thread; each went to the later "
-            "read".format)),
+            "{} block I/Os could be another request's too (the same sectors read by two "
+            "requests at once, or overlapping reads of one thread); each went to the read that "
+            "started last".format)),
         (ok & facts.no_process,
          "its worker spans carry no process.pid resource attribute: time spent waiting on "
          "other requests of the same worker cannot be told apart and stays in `other`"),

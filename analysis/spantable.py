@@ -30,7 +30,7 @@ from kvscope.contract import semconv
 from kvscope.contract.semconv import SPAN_COLUMNS
 
 FILE = "spans.parquet"
-FORMAT = "1"  # bump when the table's meaning changes: older caches are then rebuilt
+FORMAT = "2"  # bump when the table's meaning changes: older caches are then rebuilt
 ROW_GROUP = 1 << 20
 def span_files(run: Path) -> list[Path]:
     return sorted((Path(run) / rundir.SPANS_DIR).glob("*.json"))

@@ -6,7 +6,13 @@ fio does O_DIRECT random reads on a file on the root disk (4 KiB at iodepth 32, 
 highest IOPS; 4 MiB at iodepth 4, the KV chunk reads), alternately without a probe and with
 each probe configuration:
 
-    per-io           the per-I/O probe on fio's disk, no pid filter (rows for every request)
+    per-io           the per-I/O probe on fio's disk, no pid filter (rows for every request):
+                     tp_btf programs, request state in array slots (probes/block_bpf.py)
+    per-io:raw_tp    the same program as raw tracepoints reading fields through probe-read
+                     helpers (what kernels without BTF-typed tracepoints get)
+    per-io:before    the per-I/O probe of git revision --before (default: the last one before
+                     the slots and tp_btf, five raw tracepoints and a hash table per request),
+                     run from that revision's tree in a child process
     per-io+pid       the per-I/O probe, pid filter on fio
     aggregate        the aggregate probe (kernel histograms only, no tracked ids)
     aggregate+idle   the aggregate probe tracking an idle process (the server between reads:
@@ -22,6 +28,7 @@ this process (ring-buffer thread, sampler) while fio runs; and fio's IOPS over t
 just before it. The machine is shared: the 1-minute load average is printed with every run.
 
     sudo .venv/bin/python bench/probe_overhead.py [--runtime 5] [--rounds 2] [--sizes 4k,4m]
+        [--configs per-io,per-io:before,...] [--before REV]
 """
 
 from __future__ import annotations
@@ -32,13 +39,14 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from kvscope.probes.aggregate import AggregateProbe
-from kvscope.probes.block import BlockProbe, disk_holding
+from kvscope.probes.block import BlockProbe, BlockResult, disk_holding
 from kvscope.probes.block_bpf import BlockOptions
 from kvscope.probes.fio import FioReads
 from kvscope.probes.sampler import InflightSampler
@@ -46,8 +54,24 @@ from kvscope.probes.session import AGGREGATE_DEPTH_INTERVAL_S
 
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 WORKLOADS = {"4k": (4096, 32), "4m": (4 << 20, 4)}  # bytes per read, iodepth
-CONFIGS = ("per-io", "per-io+pid", "aggregate", "aggregate+idle", "aggregate+pid")
+CONFIGS = ("per-io", "per-io:raw_tp", "per-io:before", "per-io+pid", "aggregate",
+           "aggregate+idle", "aggregate+pid")
 TARGET = 1.0  # % of one core, the aggregate mode's budget (issue 13)
+PER_IO_TARGET_NS = 500  # BPF ns per I/O of the per-I/O mode at the top 4 KiB IOPS (issue 24)
+BEFORE = "7ec44ce"  # the per-I/O probe before slots and tp_btf
+# The child that runs another revision's per-I/O probe: prints its program ids once attached,
+# detaches on a line from stdin, then prints its rows and lost events.
+BEFORE_CHILD = """
+import json, sys
+from kvscope.probes.block import BlockProbe
+from kvscope.probes.block_bpf import BlockOptions
+probe = BlockProbe(BlockOptions(), devices=[sys.argv[1]]).start()
+print(json.dumps(probe.program_ids()), flush=True)
+sys.stdin.readline()
+probe.stop()
+result = probe.result("bench")
+print(json.dumps({"rows": len(result.block_io), "lost": result.lost_events}), flush=True)
+"""
 
 
 @dataclass
@@ -56,6 +80,32 @@ class Probed:
 
     ids: list[int]
     stop: Callable[[], tuple[int, int, dict[str, int]]]  # -> completions seen, rows, lost
+    result: BlockResult | None = None  # the per-I/O probe's, once stopped
+
+
+@dataclass
+class Window:
+    """The disk's completed reads (/sys/block/<disk>/stat) read before and after the fio run,
+    each read bracketed by monotonic ns: the kernel's own count to hold the rows against."""
+
+    disk: str
+    reads: list[int] = field(default_factory=list)
+    stamps: list[tuple[int, int]] = field(default_factory=list)
+
+    def mark(self) -> None:
+        before = time.monotonic_ns()
+        self.reads.append(int((Path("/sys/block") / self.disk / "stat").read_text().split()[0]))
+        self.stamps.append((before, time.monotonic_ns()))
+
+    def exactness(self, result: BlockResult) -> tuple[int, int, int, int]:
+        """(kernel reads, rows + complete_missed for reads surely inside the window, the same
+        for reads that may be inside: the edges' slack, reads completing as stat was read)."""
+        rows = result.block_io
+        done = rows.loc[(rows["op"] == "R") & (rows["device"] == self.disk), "complete_ns"]
+        (a0, a1), (b0, b1) = self.stamps
+        missed = result.lost_by_op["complete_missed"]["R"]
+        return (self.reads[1] - self.reads[0], int(done.between(a1, b0).sum()) + missed,
+                int(done.between(a0, b1).sum()) + missed, missed)
 
 
 def _prog_stats(ids: list[int]) -> tuple[int, int]:
@@ -64,17 +114,22 @@ def _prog_stats(ids: list[int]) -> tuple[int, int]:
     return sum(p.get("run_time_ns", 0) for p in chosen), sum(p.get("run_cnt", 0) for p in chosen)
 
 
-def attach(config: str, fio_pid: int, idle_pid: int, device: str) -> Probed:
+def attach(config: str, fio_pid: int, idle_pid: int, device: str, before: Path) -> Probed:
+    if config == "per-io:before":
+        return _attach_before(before, device)
     if config.startswith("per-io"):
         pids = [fio_pid] if config == "per-io+pid" else None
-        probe = BlockProbe(BlockOptions(), pids=pids, devices=[device]).start()
+        attach_kind = "raw_tp" if config == "per-io:raw_tp" else "tp_btf"
+        probe = BlockProbe(BlockOptions(attach=attach_kind), pids=pids, devices=[device]).start()
 
         def stop_per_io() -> tuple[int, int, dict[str, int]]:
             probe.stop()
-            result = probe.result("bench")
-            return len(result.block_io), len(result.block_io), result.lost_events
+            probed.result = probe.result("bench")
+            rows = len(probed.result.block_io)
+            return rows, rows, probed.result.lost_events
 
-        return Probed(probe.program_ids(), stop_per_io)
+        probed = Probed(probe.program_ids(), stop_per_io)
+        return probed
     track = {"aggregate": None, "aggregate+idle": [idle_pid], "aggregate+pid": [fio_pid]}[config]
     agg = AggregateProbe(track=track, devices=[device]).start()
     sampler = InflightSampler([device], interval_s=AGGREGATE_DEPTH_INTERVAL_S)
@@ -87,6 +142,37 @@ def attach(config: str, fio_pid: int, idle_pid: int, device: str) -> Probed:
         return seen, len(result.block_io), result.lost_events
 
     return Probed(agg.program_ids(), stop_aggregate)
+
+
+def _attach_before(tree: Path, device: str) -> Probed:
+    """The per-I/O probe of an extracted revision, attached in a child process."""
+    child = subprocess.Popen([sys.executable, "-c", BEFORE_CHILD, device], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(tree)})
+    assert child.stdin is not None and child.stdout is not None
+    ids = json.loads(child.stdout.readline() or "null")
+    if ids is None:
+        child.wait()
+        raise RuntimeError(f"the per-I/O probe of {tree} did not start (exit {child.returncode})")
+
+    def stop_before() -> tuple[int, int, dict[str, int]]:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        out = json.loads(child.stdout.readline())
+        child.wait()
+        return out["rows"], out["rows"], out["lost"]
+
+    return Probed(ids, stop_before)
+
+
+def extract_revision(rev: str, into: Path) -> Path:
+    """The tree of git revision `rev` of this checkout, unpacked under `into`."""
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
 def empty_program_ns(path: Path, args: argparse.Namespace) -> float:
@@ -110,17 +196,20 @@ def empty_program_ns(path: Path, args: argparse.Namespace) -> float:
 
 
 def run_once(path: Path, size: int, depth: int, config: str | None, args: argparse.Namespace,
-             empty_ns: float) -> dict[str, Any]:
+             empty_ns: float, before: Path) -> dict[str, Any]:
     fio = FioReads(path, size=size, depth=depth, runtime_s=args.runtime, pattern="randread")
     load = os.getloadavg()[0]
     if config is None:
         return {"iops": fio.report()["iops"], "load": load}
     idle = subprocess.Popen(["sleep", str(args.runtime + 30)])
     try:
-        probed = attach(config, fio.pid, idle.pid, disk_holding(path))
+        probed = attach(config, fio.pid, idle.pid, disk_holding(path), before)
+        window = Window(disk_holding(path))
         cpu0, wall0 = time.process_time_ns(), time.monotonic_ns()
         bpf0, runs0 = _prog_stats(probed.ids)
+        window.mark()
         iops = fio.report()["iops"]
+        window.mark()
         bpf1, runs1 = _prog_stats(probed.ids)
         cpu_ns, wall_ns = time.process_time_ns() - cpu0, time.monotonic_ns() - wall0
         seen, rows, lost = probed.stop()
@@ -128,10 +217,13 @@ def run_once(path: Path, size: int, depth: int, config: str | None, args: argpar
         idle.kill()
         idle.wait()
     bpf_ns, runs = bpf1 - bpf0, runs1 - runs0
+    exact = window.exactness(probed.result) if probed.result is not None else None
     return {
+        "exact": exact,
         "iops": iops, "load": load, "seen_per_s": seen / (wall_ns / 1e9), "rows": rows,
         "lost": sum(max(v, 0) for k, v in lost.items() if k != "complete_nested"),
         "bpf_ns_per_io": bpf_ns / max(seen, 1), "bpf_ns_per_run": bpf_ns / max(runs, 1),
+        "runs_per_io": runs / max(seen, 1),
         "bpf_share": bpf_ns / wall_ns,
         "net_share": max(bpf_ns - runs * empty_ns, 0) / wall_ns + cpu_ns / wall_ns,
         "user_share": cpu_ns / wall_ns, "probe_share": (bpf_ns + cpu_ns) / wall_ns,
@@ -145,12 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="4k,4m", help="workloads: 4k (iodepth 32), 4m (4)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="probe configurations")
     parser.add_argument("--file", type=Path, default=Path("/var/tmp/kvscope-bench.dat"))
+    parser.add_argument("--before", default=BEFORE, help="git revision whose per-I/O probe "
+                        f"per-io:before runs (default {BEFORE})")
     args = parser.parse_args(argv)
     configs = args.configs.split(",")
+    with tempfile.TemporaryDirectory(prefix="kvscope-before-") as tmp:
+        before = extract_revision(args.before, Path(tmp)) if "per-io:before" in configs \
+            else Path(tmp)
+        return measure(args, configs, before)
+
+
+def measure(args: argparse.Namespace, configs: list[str], before: Path) -> int:
     if not args.file.exists():
         subprocess.run(["fio", "--name=make", f"--filename={args.file}", "--size=1g",
                         "--rw=write", "--bs=1m", "--direct=1", "--output=/dev/null"], check=True)
-    stats_before = BPF_STATS.read_text().strip()
+    bpf_stats_was = BPF_STATS.read_text().strip()
     BPF_STATS.write_text("1")
     rows: list[tuple[str, str, dict[str, Any]]] = []
     try:
@@ -159,11 +260,12 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.sizes.split(","):
                 size, depth = WORKLOADS[name]
                 for config in configs:  # a plain run before each probed one: pairs
-                    rows.append((name, "plain", run_once(args.file, size, depth, None, args, 0)))
+                    rows.append((name, "plain",
+                                 run_once(args.file, size, depth, None, args, 0, before)))
                     rows.append((name, config,
-                                 run_once(args.file, size, depth, config, args, empty_ns)))
+                                 run_once(args.file, size, depth, config, args, empty_ns, before)))
     finally:
-        BPF_STATS.write_text(stats_before)
+        BPF_STATS.write_text(bpf_stats_was)
     report(rows, args, empty_ns)
     return 0
 
@@ -201,6 +303,24 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
                   f"% without bpf_stats' own cost) at {mean['seen_per_s']:.0f} I/Os per s, lost "
                   f"{sum(r['lost'] for r in got)}")
     print(f"(aggregate target: <= {TARGET:g} % of one core, IOPS ratio >= 0.98)")
+    print("\nkernel-counted reads of the disk (/sys/block/<disk>/stat) against block_io read "
+          "rows + complete_missed, per-I/O runs (edges: reads completing while stat was read):")
+    for name, config, r in rows:
+        if r.get("exact") is not None:
+            kernel, inner, outer, missed = r["exact"]
+            verdict = "exact" if inner <= kernel <= outer else "MISMATCH"
+            print(f"{name:<3} {config:<15} kernel {kernel:>8} rows+missed {inner:>8}..{outer:<8}"
+                  f" (missed {missed}) {verdict}")
+    per_io = {c: statistics.mean(r["bpf_ns_per_io"] for n, cc, r in rows if n == "4k" and cc == c)
+              for c in ("per-io", "per-io:raw_tp", "per-io:before")
+              if any(n == "4k" and cc == c for n, cc, _ in rows)}
+    if "per-io" in per_io:
+        net = per_io["per-io"] - empty_ns * statistics.mean(
+            r["runs_per_io"] for n, c, r in rows if n == "4k" and c == "per-io")
+        print(f"per-I/O mode at 4 KiB: {per_io['per-io']:.0f} BPF ns per I/O "
+              f"({net:.0f} without what bpf_stats adds), target <= {PER_IO_TARGET_NS}"
+              + "".join(f"; {c} {ns:.0f} ns ({ns / per_io['per-io']:.2f}x)"
+                        for c, ns in per_io.items() if c != "per-io"))
 
 
 if __name__ == "__main__":

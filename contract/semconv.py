@@ -53,6 +53,15 @@ READ_INFLIGHT_AT_SUBMIT = "kvscope.storage.inflight_at_submit"
 READER_TIDS = "kvscope.storage.reader_tids"  # threads that issued the reads (joins block I/O)
 READ_FAILED_CHUNKS = "kvscope.storage.failed_chunks"  # chunks refused (served as misses)
 READ_AHEAD = "kvscope.storage.read_ahead"  # true: started at lookup, before this request's load
+# Where each chunk of a storage.read lies on disk and when it was read: block reads are joined
+# to the chunk whose sectors they read (analysis.blockjoin), whatever thread or I/O engine
+# issued them. Per-chunk arrays are parallel (index = chunk); extents point into them.
+READ_CHUNK_KEY = "kvscope.storage.chunk.key"  # [str] chunk key, one per chunk read
+READ_CHUNK_SUBMIT_NS = "kvscope.storage.chunk.submit_ns"  # [int] monotonic ns its reads queued
+READ_CHUNK_READY_NS = "kvscope.storage.chunk.ready_ns"  # [int] its last read done, -1: not done
+READ_EXTENT_CHUNK = "kvscope.storage.extent.chunk"  # [int] index of the chunk this extent is of
+READ_EXTENT_START = "kvscope.storage.extent.start_sector"  # [int] first whole-disk 512 B sector
+READ_EXTENT_END = "kvscope.storage.extent.end_sector"  # [int] one past its last sector
 TRANSFER_BYTES = "kvscope.transfer.bytes"
 TRANSFER_KIND = "kvscope.transfer.kind"  # "cpu_copy" here, "h2d" on CUDA
 PREFILL_TOKENS = "kvscope.prefill.tokens"
@@ -99,6 +108,8 @@ ATTRIBUTE_TYPES: dict[str, ValueType] = {
     LEDGER_TIER: STRING_ARRAY, LEDGER_REASON: STRING_ARRAY, LEDGER_DETAIL: STRING_ARRAY,
     LEDGER_FACT_NS: INT_ARRAY, LEDGER_STORED_NS: INT_ARRAY, LEDGER_DIVERGED_AT: INT_ARRAY,
     LEDGER_DROPPED: INT,
+    READ_CHUNK_KEY: STRING_ARRAY, READ_CHUNK_SUBMIT_NS: INT_ARRAY, READ_CHUNK_READY_NS: INT_ARRAY,
+    READ_EXTENT_CHUNK: INT_ARRAY, READ_EXTENT_START: INT_ARRAY, READ_EXTENT_END: INT_ARRAY,
     SERVICE_NAME: STRING, PROCESS_PID: INT,
 }
 

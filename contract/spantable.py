@@ -26,7 +26,9 @@ def arrow_type(value_type: semconv.ValueType) -> pa.DataType:
 # reader, contract.otlp_json, hands every declared key over as its declared type).
 ANALYSIS_KEYS = (
     semconv.REQUEST_ID, semconv.VLLM_REQUEST_ID, semconv.PHASE, semconv.CONCURRENCY,
-    semconv.PROMPT_INDEX, semconv.READ_BYTES, semconv.READER_TIDS, semconv.HIT_TOKENS,
+    semconv.PROMPT_INDEX, semconv.READ_BYTES, semconv.READER_TIDS, semconv.READ_DEVICE,
+    semconv.READ_CHUNK_SUBMIT_NS, semconv.READ_CHUNK_READY_NS, semconv.READ_EXTENT_CHUNK,
+    semconv.READ_EXTENT_START, semconv.READ_EXTENT_END, semconv.HIT_TOKENS,
     semconv.PREFILL_TOKENS, semconv.VLLM_CACHED_TOKENS, semconv.GEN_AI_TTFT,
     semconv.GEN_AI_PROMPT_TOKENS, semconv.GEN_AI_COMPLETION_TOKENS, semconv.ERROR_TYPE,
     semconv.LEDGER_START, semconv.LEDGER_END, semconv.LEDGER_KEY, semconv.LEDGER_TIER,

@@ -11,7 +11,6 @@ Usage (as root):
 from __future__ import annotations
 
 import ctypes
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,14 +18,13 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from kvscope.probes import aggregate_frames, frames
-from kvscope.probes import tp_btf
+from kvscope.probes import aggregate_frames, frames, tp_btf
 from kvscope.probes.aggregate_bpf import (LOST_KEYS, MAX_DEVS, NSTATS, PID_BITMAP_WORDS, PROGRAMS,
-                                  TRACKING_PROGRAMS, AggregateOptions, render)
-from kvscope.probes.block import bpftool_misses, resolve_device
+                                          TRACKING_PROGRAMS, AggregateOptions, render)
+from kvscope.probes.block import resolve_device
 from kvscope.probes.block_bpf import EVENT_DTYPE
 from kvscope.probes.btf import AGGREGATE_NEEDED, kernel_offsets, kernel_tracepoint_ids
-from kvscope.probes.collect import RingCollector
+from kvscope.probes.lifecycle import Probe, recursion_misses
 
 # Tracked rows are few (the server's own reads), so the ring buffer is drained 4 times a second
 # (a wake-up costs ~0.05 % of a core here); 4 MiB holds ~43k rows, 170k rows/s between drains.
@@ -43,12 +41,15 @@ class AggregateResult:
     lost_events: dict[str, int]
 
 
-class AggregateProbe:
+class AggregateProbe(Probe[AggregateResult]):
     """Attach on start(), detach on stop(); both idempotent. Needs root, bcc and BTF."""
+
+    ring_poll_ms = ROW_POLL_MS
 
     def __init__(self, *, track: Iterable[int] | None = None,
                  devices: Iterable[str] | None = None,
                  offsets: dict[str, int] | None = None) -> None:
+        super().__init__()
         self.track = sorted(set(track or ()))
         bad = [i for i in self.track if not 0 < i < PID_BITMAP_WORDS * 64]
         if bad:
@@ -64,112 +65,64 @@ class AggregateProbe:
         self.opts = AggregateOptions(track=bool(self.track), filter_devices=self.filter_devices,
                                      track_threads=any(not _is_process(i) for i in self.track),
                                      offsets=offsets or kernel_offsets(AGGREGATE_NEEDED))
-        self._bpf: Any = None
-        self._collector: RingCollector | None = None
-        self._records: np.ndarray | None = None
+        self._records = np.zeros(0, dtype=EVENT_DTYPE)
         self._counters: aggregate_frames.Counters = {}
         self._lost: dict[str, int] = {}
         self._programs = TRACKING_PROGRAMS if self.track else PROGRAMS
-        self._attached: list[tp_btf.Attached] = []
-        self.started_ns = self.stopped_ns = 0
 
     @property
     def tracepoints(self) -> list[str]:
         return [f"tp_btf:block:{n}" for n in self._programs]
 
-    def start(self) -> "AggregateProbe":
-        if self._bpf is not None:
-            return self
-        from bcc import BPF
+    def program_text(self) -> str:
+        return render(self.opts)
 
+    def _prepare(self, bpf: Any) -> None:
+        for idx, (dev, _) in self.devs.items():
+            bpf[b"dev_idx"][ctypes.c_uint32(dev)] = ctypes.c_uint32(idx)
+        words: dict[int, int] = {}
+        for i in self.track:
+            words[i >> 6] = words.get(i >> 6, 0) | 1 << (i & 63)
+        for word, value in words.items():
+            bpf[b"track_ids"][ctypes.c_int(word)] = ctypes.c_uint64(value)
+
+    def _rings(self) -> dict[str, np.dtype]:
+        return {"events": EVENT_DTYPE} if self.track else {}
+
+    def _attach(self, bpf: Any) -> list[tp_btf.Attached]:
         type_ids = kernel_tracepoint_ids(tuple(self._programs))
-        bpf = BPF(text=render(self.opts).encode())
+        attached: list[tp_btf.Attached] = []
         try:
-            for idx, (dev, _) in self.devs.items():
-                bpf[b"dev_idx"][ctypes.c_uint32(dev)] = ctypes.c_uint32(idx)
-            if self.track:
-                bits = bpf[b"track_ids"]
-                words: dict[int, int] = {}
-                for i in self.track:
-                    words[i >> 6] = words.get(i >> 6, 0) | 1 << (i & 63)
-                for word, value in words.items():
-                    bits[ctypes.c_int(word)] = ctypes.c_uint64(value)
-                self._collector = RingCollector(bpf, {"events": EVENT_DTYPE},
-                                                poll_ms=ROW_POLL_MS)
             for tracepoint, func in self._programs.items():
-                self._attached.append(tp_btf.attach(bpf, func, type_ids[tracepoint], tracepoint))
+                attached.append(tp_btf.attach(bpf, func, type_ids[tracepoint], tracepoint))
         except BaseException:
-            self._close(bpf)
+            for program in attached:
+                program.close()
             raise
-        self._bpf = bpf
-        self.started_ns = time.monotonic_ns()
-        return self
+        return attached
 
-    def stop(self) -> None:
-        """Detach every program, then read the counters and drain the rows (kept for result())."""
-        if self._bpf is None:
-            return
-        bpf, self._bpf = self._bpf, None
-        try:
-            for program in self._attached:
-                program.detach()  # kept loaded for the recursion counts
-            self.stopped_ns = time.monotonic_ns()
-            self._drain(bpf)
-        finally:
-            self._close(bpf)
-
-    def _close(self, bpf: Any) -> None:
-        if self._collector is not None:  # not drained: start() failed
-            self._collector.stop()
-            self._collector = None
-        for program in self._attached:
-            program.close()
-        self._attached = []
-        bpf.cleanup()
-
-    def _drain(self, bpf: Any) -> None:
-        self._records = np.zeros(0, dtype=EVENT_DTYPE)
-        bad_sizes = 0
-        if self._collector is not None:
-            self._records = self._collector.stop()["events"]
-            bad_sizes, self._collector = self._collector.bad_sizes["events"], None
+    def _drain(self, bpf: Any, records: dict[str, np.ndarray], bad_sizes: dict[str, int]) -> None:
+        self._records = records.get("events", self._records)
         names = {idx: name for idx, (_, name) in self.devs.items()}
-        records = [((names[idx], -1), v) for idx, v in _per_cpu_stats(bpf, names)]
+        counted = [((names[idx], -1), v) for idx, v in _per_cpu_stats(bpf, names)]
         if self.track:
             for key, value in bpf[b"proc_stats"].items():
                 v = np.frombuffer(ctypes.string_at(ctypes.addressof(value), ctypes.sizeof(value)),
                                   dtype="<u8")
                 if int(key.idx) in names:
-                    records.append(((names[int(key.idx)], int(key.tgid)), v))
-        self._counters = aggregate_frames.sum_by_key(records)
+                    counted.append(((names[int(key.idx)], int(key.tgid)), v))
+        self._counters = aggregate_frames.sum_by_key(counted)
         lost = bpf[b"lost"]
         self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
-        self._lost["bad_record_size"] = bad_sizes
-        misses = bpftool_misses()
-        self._lost["recursion_misses"] = -1 if misses is None else \
-            sum(misses.get(i, 0) for i in self.program_ids())
+        self._lost["bad_record_size"] = bad_sizes.get("events", 0)
+        self._lost.update(recursion_misses(self._ids_by_name()))
 
-    def program_ids(self) -> list[int]:
-        """Kernel ids of the loaded programs (`bpftool prog show id N`)."""
-        return sorted(p.prog_id() for p in self._attached)
-
-    def __enter__(self) -> "AggregateProbe":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def result(self, phase: str) -> AggregateResult:
-        """Tables and counters of the stopped probe."""
-        if self._records is None:
-            raise RuntimeError("AggregateProbe.result() needs a started and stopped probe")
+    def _result(self, phase: str) -> AggregateResult:
         records = self._records.copy()
         records["dev"] = [self.devs[int(i)][0] for i in records["dev"]]  # index -> dev_t
-        rows = frames.block_frame(records, phase, from_status=True)
-        rows["issue_ns"] = rows["issue_ns"].where(rows["issue_ns"] > 0, -1)
         window = self.stopped_ns - self.started_ns
         return AggregateResult(
-            block_io=rows,
+            block_io=frames.block_frame(records, phase, from_status=True),
             histograms=aggregate_frames.histograms_frame(self._counters, phase),
             totals=aggregate_frames.totals_frame(self._counters, phase, window),
             lost_events=dict(self._lost),

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from kvscope.contract.rundir import IO_TOTALS_COUNTERS
 from kvscope.probes.block_bpf import EVENT_C
 
@@ -261,7 +259,3 @@ def render(opts: AggregateOptions) -> str:
         text = text.replace(placeholder, value)
     return text
 
-
-def stats_array(raw: bytes, records: int) -> np.ndarray:
-    """Stats records (bytes of `records` struct stats_t) as (records, NSTATS) u64 counters."""
-    return np.frombuffer(raw, dtype="<u8").reshape(records, NSTATS)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The block probe: one record per block request, in-kernel log2 histograms, in-flight depth.
+"""The per-I/O block probe: one record per block request, log2 histograms, in-flight depth.
 
 Usage (as root):
     with BlockProbe(BlockOptions(), pids={1234}, devices={"vda"}) as probe:
@@ -10,9 +10,6 @@ Usage (as root):
 from __future__ import annotations
 
 import ctypes
-import json
-import os
-import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -21,10 +18,12 @@ import numpy as np
 import pandas as pd
 
 from kvscope.contract.host import whole_disk
-from kvscope.probes import frames
-from kvscope.probes.btf import kernel_offsets
-from kvscope.probes.block_bpf import BATCH_DTYPE, LOST_KEYS, TWIN, BlockOptions, render
-from kvscope.probes.collect import RingCollector
+from kvscope.probes import frames, tp_btf
+from kvscope.probes.block_bpf import (BATCH_DTYPE, COMPLETE_MISSED, COMPLETE_PROGRAMS,
+                                      EVENT_DTYPE, LOST_KEYS, OPS, PID_BITMAP_WORDS, RQ_PROGRAMS,
+                                      SLOT_DTYPE, BlockOptions, render)
+from kvscope.probes.btf import kernel_flush_seq_bit, kernel_offsets, kernel_tracepoint_ids
+from kvscope.probes.lifecycle import Probe, recursion_misses
 
 
 @dataclass
@@ -35,6 +34,9 @@ class BlockResult:
     queue_depth: pd.DataFrame
     histograms: dict[str, dict[str, dict[int, int]]]  # kind -> device -> log2(us) slot -> count
     lost_events: dict[str, int]
+    # complete_missed and unfinished_at_stop per operation (R, W, F, D, O): with the rows, what
+    # the kernel's per-operation counters of /sys/block/<disk>/stat are made of
+    lost_by_op: dict[str, dict[str, int]]
 
 
 def resolve_device(name: str, sys_root: Path = Path("/sys")) -> int:
@@ -60,157 +62,96 @@ def disk_holding(path: Path) -> str:
     return disk
 
 
-class BlockProbe:
+class BlockProbe(Probe[BlockResult]):
     """Attach on start(), detach on stop(); both idempotent. Needs root and bcc."""
 
     def __init__(self, opts: BlockOptions, *, pids: Iterable[int] | None = None,
                  devices: Iterable[str] | None = None) -> None:
+        super().__init__()
         self.pids = sorted(set(pids or ()))
+        bad = [p for p in self.pids if not 0 < p < PID_BITMAP_WORDS * 64]
+        if bad:
+            raise ValueError(f"pids {bad}: process ids must be in 1..{PID_BITMAP_WORDS * 64 - 1}")
         self.devs = sorted({resolve_device(d) for d in devices or ()})
-        offsets = opts.offsets or (kernel_offsets() if opts.key == "rq" else {})
-        self.opts = replace(opts, filter_pids=bool(self.pids), filter_devices=bool(self.devs),
-                            offsets=offsets)
-        self._bpf: Any = None
-        self._collector: RingCollector | None = None
-        self._records: Any = None
+        if opts.key == "rq" and not opts.offsets:
+            opts = replace(opts, offsets=kernel_offsets(), flush_seq_bit=kernel_flush_seq_bit())
+        self.opts = replace(opts, filter_pids=bool(self.pids), filter_devices=bool(self.devs))
+        self._records = np.zeros(0, dtype=EVENT_DTYPE)
         self._open: list[tuple[int, int]] = []
-        self._hists: dict[str, dict[str, dict[int, int]]] = {}
         self._lost: dict[str, int] = {}
-        self._twin_fd = -1
+        self._lost_by_op: dict[str, dict[str, int]] = {}
 
-    def start(self) -> "BlockProbe":
-        if self._bpf is not None:
-            return self
-        from bcc import BPF
+    def program_text(self) -> str:
+        return render(self.opts)
 
-        bpf = BPF(text=render(self.opts).encode())
-        try:
-            if self.opts.key == "rq":
-                self._twin_fd = _attach_twin(bpf)
+    def _prepare(self, bpf: Any) -> None:
+        if self.opts.key == "rq":
+            words: dict[int, int] = {}
+            for pid in self.pids:
+                words[pid >> 6] = words.get(pid >> 6, 0) | 1 << (pid & 63)
+            for word, bits in words.items():
+                bpf[b"pid_bits"][ctypes.c_int(word)] = ctypes.c_uint64(bits)
+        else:
             for pid in self.pids:
                 bpf[b"pids"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
-            for dev in self.devs:
-                bpf[b"devs"][ctypes.c_uint32(dev)] = ctypes.c_uint8(1)
-            self._collector = RingCollector(bpf, {"events": BATCH_DTYPE})
-        except BaseException:
-            bpf.cleanup()
-            raise
-        self._bpf = bpf
-        return self
+        for dev in self.devs:
+            bpf[b"devs"][ctypes.c_uint32(dev)] = ctypes.c_uint8(1)
 
-    def stop(self) -> None:
-        """Detach every program, then drain what they recorded (kept for result())."""
-        if self._bpf is None:
-            return
-        bpf, self._bpf = self._bpf, None
+    def _attach(self, bpf: Any) -> list[tp_btf.Attached]:
+        if self.opts.key != "rq":
+            return []  # classic tracepoint programs, attached by bcc as it loads them
+        attached: list[tp_btf.Attached] = []
         try:
-            self._detach(bpf)
-            self._drain(bpf)
-        finally:
-            bpf.cleanup()
+            if self.opts.attach == "tp_btf":
+                ids = kernel_tracepoint_ids(tuple(dict.fromkeys(tp for tp, _ in RQ_PROGRAMS)))
+                for tracepoint, func in RQ_PROGRAMS:
+                    attached.append(tp_btf.attach(bpf, func, ids[tracepoint], tracepoint))
+            else:
+                for tracepoint, func in RQ_PROGRAMS:
+                    attached.append(tp_btf.attach_raw(bpf, func, tracepoint))
+        except BaseException:
+            for program in attached:
+                program.close()
+            raise
+        return attached
 
-    def _detach(self, bpf: Any) -> None:
-        """Stop the programs from firing, keeping them and their maps, so no record can land
-        after the final drain (a batch flushed then would be lost)."""
-        if self._twin_fd >= 0:
-            os.close(self._twin_fd)
-            self._twin_fd = -1
-        for tp in list(bpf.raw_tracepoint_fds):
-            bpf.detach_raw_tracepoint(tp)
-        for tp in list(bpf.tracepoint_fds):
-            bpf.detach_tracepoint(tp)
+    def _rings(self) -> dict[str, np.dtype]:
+        return {"events": BATCH_DTYPE}
 
-    def _drain(self, bpf: Any) -> None:
-        batches = [self._collector.stop()["events"], _pending_batches(bpf[b"pending"])]
+    def _drain(self, bpf: Any, records: dict[str, np.ndarray], bad_sizes: dict[str, int]) -> None:
+        batches = [records["events"], _pending_batches(bpf[b"pending"])]
         self._records = np.concatenate([_unbatch(b) for b in batches])
-        still_open = [r for r in bpf[b"reqs"].values() if r.issue_ns]
-        self._open = [(int(r.dev), int(r.issue_ns)) for r in still_open]
-        self._hists = {kind: _histogram(bpf[kind.encode()]) for kind in ("queue_us", "service_us")}
+        if self.opts.key == "rq":
+            _name_threads(self._records, bpf[b"comms"])
+        open_requests = _open_slots(bpf) if self.opts.key == "rq" else _open_requests(bpf)
+        self._open = [(int(d), int(t)) for d, t in zip(open_requests["dev"],
+                                                        open_requests["issue_ns"])]
         lost = bpf[b"lost"]
         self._lost = {k: int(lost[ctypes.c_int(i)].value) for i, k in enumerate(LOST_KEYS)}
-        self._lost["bad_record_size"] = self._collector.bad_sizes["events"]
-        self._lost["unfinished_at_stop"] = sum(1 for r in still_open if r.tracked)
-        self._lost.update(recursion_misses(bpf, twins=self.opts.key == "rq"))
+        missed = {op: int(lost[ctypes.c_int(COMPLETE_MISSED + i)].value)
+                  for i, op in enumerate(OPS)}
+        tracked = open_requests[open_requests["tracked"] == 1]
+        per_op = np.bincount(np.minimum(tracked["op"], len(OPS) - 1), minlength=len(OPS))
+        unfinished = {op: int(n) for op, n in zip(OPS, per_op)}
+        self._lost_by_op = {"complete_missed": missed, "unfinished_at_stop": unfinished}
+        self._lost["complete_missed"] = sum(missed.values())
+        self._lost["bad_record_size"] = bad_sizes["events"]
+        self._lost["unfinished_at_stop"] = len(tracked)
+        twins = COMPLETE_PROGRAMS if self.opts.key == "rq" else ()
+        self._lost.update(recursion_misses(self._ids_by_name(), twins))
 
-    def program_ids(self) -> list[int]:
-        """Kernel ids of the loaded programs (`bpftool prog show id N`), to check detaching."""
-        return program_ids(self._bpf)
-
-    def __enter__(self) -> "BlockProbe":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def result(self, phase: str) -> BlockResult:
-        """Tables and counters of the stopped probe."""
-        if self._records is None:
-            raise RuntimeError("BlockProbe.result() needs a started and stopped probe")
-        from_status = self.opts.key == "rq"
+    def _result(self, phase: str) -> BlockResult:
         steps = frames.block_steps(self._records, self._open)
+        histograms = frames.log2_histograms(self._records)
         named = {kind: {frames.device_name(dev): slots for dev, slots in per_dev.items()}
-                 for kind, per_dev in self._hists.items()}
+                 for kind, per_dev in histograms.items()}
         return BlockResult(
-            block_io=frames.block_frame(self._records, phase, from_status=from_status),
+            block_io=frames.block_frame(self._records, phase, from_status=self.opts.key == "rq"),
             queue_depth=frames.depth_series(steps, phase),
             histograms=named,
             lost_events=dict(self._lost),
+            lost_by_op={k: dict(v) for k, v in self._lost_by_op.items()},
         )
-
-
-def _attach_twin(bpf: Any) -> int:
-    """Attach the second completion program; bcc keeps one attachment per raw tracepoint
-    name, so this one goes through libbcc directly and its fd is closed by stop()."""
-    from bcc import BPF
-    from bcc.libbcc import lib
-
-    fn = bpf.load_func(TWIN, BPF.RAW_TRACEPOINT)
-    fd = lib.bpf_attach_raw_tracepoint(fn.fd, b"block_rq_complete")
-    if fd < 0:
-        raise OSError(f"cannot attach {TWIN.decode()} to raw tracepoint block_rq_complete")
-    return fd
-
-
-def program_ids(bpf: Any) -> list[int]:
-    """Ids of the programs a bcc BPF object loaded (`bpftool prog show id N`)."""
-    return sorted(_ids_by_name(bpf).values()) if bpf is not None else []
-
-
-def _ids_by_name(bpf: Any) -> dict[bytes, int]:
-    """Program name -> kernel id, read from /proc/self/fdinfo of the program fds."""
-    ids = {}
-    for name, fn in bpf.funcs.items():
-        for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines():
-            if line.startswith("prog_id:"):
-                ids[name] = int(line.split()[1])
-    return ids
-
-
-def recursion_misses(bpf: Any, *, twins: bool) -> dict[str, int]:
-    """Runs the kernel skipped because a program was already running on that CPU, from
-    `bpftool prog show` (-1 when bpftool is missing). With `twins` (rq mode) skips of the
-    completion programs are `complete_nested`: the other twin took those unless both were
-    busy. Without (dev_sector mode) a skipped completion is lost, so it counts as a miss."""
-    ids = _ids_by_name(bpf)
-    covered = {i for name, i in ids.items() if b"block_rq_complete" in name} if twins else set()
-    misses = bpftool_misses()
-    if misses is None:
-        return {"recursion_misses": -1}
-    counts = {"recursion_misses": sum(misses.get(i, 0) for i in ids.values() if i not in covered)}
-    if twins:
-        counts["complete_nested"] = sum(misses.get(i, 0) for i in covered)
-    return counts
-
-
-def bpftool_misses() -> dict[int, int] | None:
-    """recursion_misses of every loaded program by id (`bpftool prog show`); None without
-    bpftool."""
-    try:
-        out = subprocess.run(["bpftool", "prog", "show", "-j"], check=True, capture_output=True,
-                             text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return {p["id"]: p.get("recursion_misses", 0) for p in json.loads(out)}
 
 
 def _pending_batches(table: Any) -> np.ndarray:
@@ -226,9 +167,27 @@ def _unbatch(batches: np.ndarray) -> np.ndarray:
     return batches["ev"][keep]
 
 
-def _histogram(table: Any) -> dict[int, dict[int, int]]:
-    """A BPF_HISTOGRAM keyed by {dev, slot} as dev -> slot -> count."""
-    out: dict[int, dict[int, int]] = {}
-    for key, count in table.items():
-        out.setdefault(int(key.dev), {})[int(key.slot)] = int(count.value)
-    return out
+def _name_threads(records: np.ndarray, comms: Any) -> None:
+    """Fill the records' comm from the thread names the programs kept by tid."""
+    names = {int(k.value): bytes(v.comm) for k, v in comms.items()}
+    if names:
+        records["comm"] = pd.Series(records["tid"]).map(names).fillna(b"").to_numpy("S16")
+
+
+def _open_slots(bpf: Any) -> np.ndarray:
+    """Requests of the rq keying issued and not completed when the probe stopped (slots and
+    spill table), as SLOT_DTYPE records."""
+    slots = bpf[b"slots"]
+    raw = [ctypes.string_at(ctypes.addressof(v), ctypes.sizeof(v))
+           for v in (*slots.values(), *bpf[b"spill"].values())]
+    table = np.frombuffer(b"".join(raw), dtype=SLOT_DTYPE)
+    return table[(table["rq"] != 0) & (table["issue_ns"] != 0)]
+
+
+def _open_requests(bpf: Any) -> np.ndarray:
+    """The same for the dev_sector keying's request table."""
+    rows = [(r.dev, r.issue_ns, r.tracked, OPS.index(frames.op_from_rwbs(
+        bytes(r.rwbs).split(b"\0")[0].decode(errors="replace"))))
+        for r in bpf[b"reqs"].values() if r.issue_ns]
+    return np.array(rows, dtype=[("dev", "<u4"), ("issue_ns", "<u8"), ("tracked", "<u4"),
+                                 ("op", "<u4")])

@@ -13,9 +13,12 @@ import subprocess
 from pathlib import Path
 
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
-# struct -> fields the raw-tracepoint program reads (request -> q -> disk -> major/first_minor)
+# struct -> fields the per-I/O programs read (request -> q -> disk -> major/first_minor; the
+# request's tags and hardware queue place its slot)
 NEEDED = {
-    "request": ("q", "cmd_flags", "__data_len", "__sector"),
+    "request": ("q", "cmd_flags", "rq_flags", "__data_len", "__sector", "tag", "internal_tag",
+                "mq_hctx"),
+    "blk_mq_hw_ctx": ("queue_num",),
     "request_queue": ("disk",),
     "gendisk": ("major", "first_minor"),
 }
@@ -23,6 +26,7 @@ NEEDED = {
 AGGREGATE_NEEDED = {**NEEDED, "request": (*NEEDED["request"], "start_time_ns", "io_start_time_ns")}
 
 _MEMBER = re.compile(r"^\s+'([^']+)' type_id=\d+ bits_offset=(\d+)")
+_ENUMERATOR = re.compile(r"^\s+'([^']+)' val=(-?\d+)")
 
 
 class BtfError(RuntimeError):
@@ -71,6 +75,28 @@ def kernel_offsets(needed: dict[str, tuple[str, ...]] = NEEDED) -> dict[str, int
     """Offsets for `needed` (NEEDED or AGGREGATE_NEEDED) on the running kernel; BtfError if
     BTF, bpftool or a field is missing."""
     return struct_offsets(_vmlinux_dump(), needed)
+
+
+def enum_value(dump: str, enum: str, name: str) -> int | None:
+    """Value of enumerator `name` of enum `enum` in `bpftool btf dump ... raw` text, None when
+    the kernel has no such enum (it may be a #define there)."""
+    at = dump.find(f"] ENUM '{enum}' ")
+    if at < 0:
+        return None
+    header_end = dump.find("\n", at)
+    vlen = int(dump[dump.rfind("vlen=", at, header_end) + 5:header_end])
+    for line in dump[header_end + 1:].split("\n", vlen)[:vlen]:
+        member = _ENUMERATOR.match(line)
+        if member and member.group(1) == name:
+            return int(member.group(2))
+    return None
+
+
+def kernel_flush_seq_bit() -> int:
+    """Bit of RQF_FLUSH_SEQ in struct request's rq_flags on the running kernel, -1 when its
+    BTF does not say (rq_flags an enum since ~6.8)."""
+    bit = enum_value(_vmlinux_dump(), "rqf_flags", "__RQF_FLUSH_SEQ")
+    return -1 if bit is None else bit
 
 
 def tracepoint_type_ids(dump: str, tracepoints: tuple[str, ...]) -> dict[str, int]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.probes.btf import BtfError, kernel_offsets
+from kvscope.probes.block_bpf import RQ_PROGRAMS
+from kvscope.probes.btf import BtfError, kernel_flush_seq_bit, kernel_offsets, kernel_tracepoint_ids
 
 TRACEFS_ROOTS = (Path("/sys/kernel/debug/tracing"), Path("/sys/kernel/tracing"))
 NVME_TRACEPOINTS = ("nvme_setup_cmd", "nvme_complete_rq")
@@ -30,6 +31,8 @@ class Plan:
     tracepoints: list[str] = field(default_factory=list)
     offsets: dict[str, int] = field(default_factory=dict)  # kernel struct offsets (rq only)
     note: str = ""  # why a lesser keying was chosen, "" for the best one
+    attach: str = "tp_btf"  # rq key: "tp_btf", or "raw_tp" when tracepoints are not BTF-typed
+    flush_seq_bit: int = -1  # rq key: bit of RQF_FLUSH_SEQ in rq_flags, -1 unknown
 
 
 @dataclass(frozen=True)
@@ -115,21 +118,34 @@ def _rq_offsets(bpf: Any, has: dict[str, bool]) -> tuple[dict[str, int], str]:
         return {}, str(e)
 
 
+def _attach_kind() -> str:
+    """tp_btf when the kernel's BTF types every block tracepoint the rq keying uses."""
+    try:
+        kernel_tracepoint_ids(tuple(dict.fromkeys(tp for tp, _ in RQ_PROGRAMS)))
+    except BtfError:
+        return "raw_tp"
+    return "tp_btf"
+
+
 def _plan(bpf: Any, has: dict[str, bool]) -> Plan | Fallback:
     offsets, note = _rq_offsets(bpf, has)
+    attach, flush_seq_bit = "raw_tp", -1
     if offsets:
         key, start = "rq", "block_io_start"
+        attach, flush_seq_bit = _attach_kind(), kernel_flush_seq_bit()
     elif has["block_io_start"] or has["block_getrq"]:
         key, start = "dev_sector", "block_io_start" if has["block_io_start"] else "block_getrq"
     else:
         return Fallback("neither block:block_io_start nor block:block_getrq exists",
                         "use a kernel with block:block_io_start (6.5+) or block:block_getrq")
     nvme = all(bpf.tracepoint_exists("nvme", n) for n in NVME_TRACEPOINTS)
-    kind = "raw_tp" if key == "rq" else "tp"
-    tracepoints = [f"{kind}:block:{n}" for n in (start, "block_rq_insert", "block_rq_merge",
+    if key == "rq":
+        tracepoints = [f"{attach}:block:{n}" for n in dict.fromkeys(tp for tp, _ in RQ_PROGRAMS)]
+    else:
+        tracepoints = [f"tp:block:{n}" for n in (start, "block_rq_insert", "block_rq_merge",
                                                  "block_rq_issue", "block_rq_complete")]
     if nvme:
         tracepoints += [f"tp:nvme:{n}" for n in NVME_TRACEPOINTS]
     note = f"keyed by (dev, sector) because {note}" if note else ""
     return Plan(key=key, start_tracepoint=start, nvme=nvme, tracepoints=tracepoints,
-                offsets=offsets, note=note)
+                offsets=offsets, note=note, attach=attach, flush_seq_bit=flush_seq_bit)

@@ -60,8 +60,7 @@ def block_frame(events: np.ndarray, phase: str, *, from_status: bool,
     ev = events[events["tracked"] == 1]
     names = {int(d): device_name(int(d), sys_root) for d in np.unique(ev["dev"])}
     rwbs = [r.decode(errors="replace") for r in ev["rwbs"]]
-    start = ev["start_ns"].astype("int64")
-    insert = ev["insert_ns"].astype("int64")
+    start = _or_unknown(ev["start_ns"])
     return pd.DataFrame(
         {
             "phase": phase,
@@ -73,13 +72,42 @@ def block_frame(events: np.ndarray, phase: str, *, from_status: bool,
             "pid": np.where(start > 0, ev["tgid"].astype("int64"), -1),
             "tid": np.where(start > 0, ev["tid"].astype("int64"), -1),
             "comm": [c.decode(errors="replace") for c in ev["comm"]],
-            "start_ns": np.where(start > 0, start, -1),
-            "insert_ns": np.where(insert > 0, insert, -1),
-            "issue_ns": ev["issue_ns"].astype("int64"),
+            "start_ns": start,
+            "insert_ns": _or_unknown(ev["insert_ns"]),
+            "issue_ns": _or_unknown(ev["issue_ns"]),
             "complete_ns": ev["complete_ns"].astype("int64"),
             "error": error_errno(ev["error"], from_status),
         }
     )
+
+
+def _or_unknown(stamps: np.ndarray) -> np.ndarray:
+    """Kernel timestamps as int64, 0 (never stamped) as -1."""
+    return np.where(stamps > 0, stamps.astype("int64"), -1)
+
+
+def log2_slots(ns: np.ndarray) -> np.ndarray:
+    """bcc's bpf_log2l(ns / 1000): slot k holds [2^(k-1), 2^k) us, slot 1 also 0 us."""
+    us = ns.astype("int64") // 1000
+    return np.maximum(np.frexp(us.astype("float64"))[1].astype("int64"), 1)
+
+
+def log2_histograms(events: np.ndarray) -> dict[str, dict[int, dict[int, int]]]:
+    """`queue_us` (start -> issue) and `service_us` (issue -> complete) per dev_t, in log2
+    microsecond slots, over the tracked requests that were issued (and started, for queue)."""
+    ev = events[(events["tracked"] == 1) & (events["issue_ns"] > 0)]
+    queued = ev[ev["start_ns"] > 0]
+    parts = {"queue_us": (queued, queued["issue_ns"] - queued["start_ns"]),
+             "service_us": (ev, ev["complete_ns"] - ev["issue_ns"])}
+    out: dict[str, dict[int, dict[int, int]]] = {}
+    for kind, (rows, ns) in parts.items():
+        table = pd.DataFrame({"dev": rows["dev"].astype("int64"), "slot": log2_slots(ns)})
+        counts = table.groupby(["dev", "slot"]).size().reset_index(name="n")
+        per_dev: dict[int, dict[int, int]] = {}
+        for dev, slot, n in counts.itertuples(index=False):
+            per_dev.setdefault(int(dev), {})[int(slot)] = int(n)
+        out[kind] = per_dev
+    return out
 
 
 def depth_series(steps: pd.DataFrame, phase: str) -> pd.DataFrame:
@@ -108,6 +136,7 @@ def block_steps(events: np.ndarray, open_issues: list[tuple[int, int]],
 
     `open_issues` are (dev, issue_ns) of requests still in flight when the probe stopped.
     """
+    events = events[events["issue_ns"] > 0]  # a request finished unissued held no place
     still = np.array(open_issues, dtype="int64").reshape(-1, 2)
     devs = np.concatenate([events["dev"].astype("int64"), still[:, 0]])
     issues = np.concatenate([events["issue_ns"].astype("int64"), still[:, 1]])

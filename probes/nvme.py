@@ -9,6 +9,7 @@ tracepoint logs the bare tag. Each controller is labelled with its transport fro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,7 @@ import pandas as pd
 
 from kvscope.contract.rundir import TABLES
 from kvscope.probes import frames
-from kvscope.probes.block import program_ids
-from kvscope.probes.collect import RingCollector
+from kvscope.probes.lifecycle import Probe
 from kvscope.probes.nvme_bpf import COMPLETE, NVME_DTYPE, SETUP, NvmeOptions, render
 
 CID_TAG_MASK = 0x0FFF
@@ -129,55 +129,45 @@ def nvme_summary(nvme_io: pd.DataFrame, depth: pd.DataFrame) -> list[dict[str, A
     return groups.to_dict(orient="records")
 
 
-class NvmeProbe:
+@dataclass
+class NvmeResult:
+    """What one NVMe probe session saw, ready for the run directory."""
+
+    nvme_io: pd.DataFrame
+    queue_depth: pd.DataFrame  # per hardware queue
+    summary: dict[str, Any]  # manifest: unmatched setups / completions, per-queue latency
+    lost_events: dict[str, int]
+
+
+class NvmeProbe(Probe[NvmeResult]):
     """Attach to nvme:nvme_setup_cmd / nvme_complete_rq; start() and stop() are idempotent."""
 
     def __init__(self, opts: NvmeOptions = NvmeOptions()) -> None:
+        super().__init__()
         self.opts = opts
-        self._bpf: Any = None
-        self._collector: RingCollector | None = None
-        self._records: np.ndarray | None = None
-        self.lost_events: dict[str, int] = {}
+        self._records = np.zeros(0, dtype=NVME_DTYPE)
+        self._lost: dict[str, int] = {}
 
-    def start(self) -> "NvmeProbe":
-        if self._bpf is None:
-            from bcc import BPF
+    def program_text(self) -> str:
+        return render(self.opts)
 
-            self._bpf = BPF(text=render(self.opts).encode())
-            self._collector = RingCollector(self._bpf, {"nvme_events": NVME_DTYPE})
-        return self
+    def _rings(self) -> dict[str, np.dtype]:
+        return {"nvme_events": NVME_DTYPE}
 
-    def stop(self) -> None:
-        if self._bpf is None:
-            return
-        bpf, self._bpf = self._bpf, None
-        try:
-            self._records = self._collector.stop()["nvme_events"]
-            self.lost_events = {"nvme_ringbuf_full": int(bpf[b"nvme_lost"][0].value),
-                                "nvme_bad_record_size": self._collector.bad_sizes["nvme_events"]}
-        finally:
-            bpf.cleanup()
+    def _drain(self, bpf: Any, records: dict[str, np.ndarray], bad_sizes: dict[str, int]) -> None:
+        self._records = records["nvme_events"]
+        self._lost = {"nvme_ringbuf_full": int(bpf[b"nvme_lost"][0].value),
+                      "nvme_bad_record_size": bad_sizes["nvme_events"]}
 
-    def program_ids(self) -> list[int]:
-        return program_ids(self._bpf)
-
-    def __enter__(self) -> "NvmeProbe":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def result(self, phase: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-        """nvme_io rows, queue_depth rows per hardware queue, and a summary for the manifest."""
-        if self._records is None:
-            raise RuntimeError("NvmeProbe.result() needs a started and stopped probe")
-        return decode(self._records, phase)
+    def _result(self, phase: str) -> NvmeResult:
+        return decode(self._records, phase, lost_events=self._lost)
 
 
-def decode(records: np.ndarray, phase: str,
-           sys_root: Path = Path("/sys")) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+def decode(records: np.ndarray, phase: str, sys_root: Path = Path("/sys"),
+           lost_events: dict[str, int] | None = None) -> NvmeResult:
     """Everything the run directory gets from a batch of NVMe probe records."""
     commands, still_open, unmatched = join_commands(events_frame(records))
     rows = nvme_frame(commands, phase, sys_root)
     depth = frames.depth_series(nvme_steps(commands, still_open), phase)
-    return rows, depth, {"unmatched": unmatched, "per_queue": nvme_summary(rows, depth)}
+    return NvmeResult(rows, depth, {"unmatched": unmatched, "per_queue": nvme_summary(rows, depth)},
+                      dict(lost_events or {}))

@@ -5,7 +5,7 @@
     ...phase runs...
     session.stop()      # or: with probes.session.start(...): ...
 
-Two modes: "per-io" (default) follows every request through five tracepoints and writes one
+Two modes: "per-io" (default) follows every request from submission to completion and writes one
 block_io row per request; "aggregate" (always-on) keeps per-device / per-process histograms and
 counters in the kernel from one tracepoint per request and writes rows only for `pids` (thread
 or process ids), for long recordings on busy hosts.
@@ -72,8 +72,9 @@ class ProbeSession:
         if self.mode == "aggregate":
             self._start_aggregate(plan)
             return
-        opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint,
-                            offsets=plan.offsets)
+        opts = BlockOptions(key=plan.key, attach=plan.attach,
+                            start_tracepoint=plan.start_tracepoint, offsets=plan.offsets,
+                            flush_seq_bit=plan.flush_seq_bit)
         if plan.note:
             log.warning("kvscope probes: %s", plan.note)
         self.block = BlockProbe(opts, pids=self.pids, devices=self.devices)
@@ -165,16 +166,18 @@ class ProbeSession:
         rundir.append_table(self.run, "queue_depth", result.queue_depth)
         rows = {"block_io": len(result.block_io), "queue_depth": len(result.queue_depth)}
         lost = dict(result.lost_events)
-        record: dict[str, Any] = {"histograms_log2_us": result.histograms}
+        record: dict[str, Any] = {"histograms_log2_us": result.histograms,
+                                  "lost_by_op": result.lost_by_op}
         if self.nvme_error:
             record["nvme_error"] = self.nvme_error
         if self.nvme is not None:
-            nvme_io, nvme_depth, summary = self.nvme.result(self.phase)
-            rundir.append_table(self.run, "nvme_io", nvme_io)
-            rundir.append_table(self.run, "queue_depth", nvme_depth)
-            rows.update(nvme_io=len(nvme_io), queue_depth=rows["queue_depth"] + len(nvme_depth))
-            lost.update(self.nvme.lost_events)
-            record["nvme"] = summary
+            nvme = self.nvme.result(self.phase)
+            rundir.append_table(self.run, "nvme_io", nvme.nvme_io)
+            rundir.append_table(self.run, "queue_depth", nvme.queue_depth)
+            rows.update(nvme_io=len(nvme.nvme_io),
+                        queue_depth=rows["queue_depth"] + len(nvme.queue_depth))
+            lost.update(nvme.lost_events)
+            record["nvme"] = nvme.summary
         return {"mode": "bpf", "key": self.plan.key, "key_note": self.plan.note,
                 "tracepoints": self.plan.tracepoints,
                 "why_fallback": "", "lost_events": lost, "rows": rows, **record}

@@ -55,19 +55,25 @@ def _bpf(cmd: int, attr: ctypes.Structure) -> int:
     return fd if fd >= 0 else -ctypes.get_errno()
 
 
+def prog_id(fd: int) -> int:
+    """The kernel id of the program behind a file descriptor (`bpftool prog show id N`)."""
+    for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("prog_id:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"fd {fd} is not a BPF program")
+
+
 @dataclass
 class Attached:
-    """One program attached to one tracepoint; close() detaches and unloads it."""
+    """One program attached to one tracepoint (`name`: the program); detach() stops it
+    firing and keeps it loaded (its run counts stay readable), close() also unloads it."""
 
     name: str
     prog_fd: int
     link_fd: int
 
     def prog_id(self) -> int:
-        for line in Path(f"/proc/self/fdinfo/{self.prog_fd}").read_text().splitlines():
-            if line.startswith("prog_id:"):
-                return int(line.split()[1])
-        raise RuntimeError(f"no prog_id for {self.name}")
+        return prog_id(self.prog_fd)
 
     def detach(self) -> None:
         if self.link_fd >= 0:
@@ -110,4 +116,19 @@ def attach(bpf: Any, func: str, btf_type_id: int, tracepoint: str) -> Attached:
         os.close(prog_fd)
         raise OSError(-link_fd, f"attaching {func} to tp_btf/{tracepoint} failed "
                                 f"({os.strerror(-link_fd)})")
-    return Attached(tracepoint, prog_fd, link_fd)
+    return Attached(func, prog_fd, link_fd)
+
+
+def attach_raw(bpf: Any, func: str, tracepoint: str) -> Attached:
+    """Load bcc function `func` as a raw tracepoint program and attach it to `tracepoint`.
+    Through libbcc, not BPF.attach_raw_tracepoint, which keeps one program per tracepoint."""
+    from bcc import BPF
+    from bcc.libbcc import lib
+
+    fn = bpf.load_func(func.encode(), BPF.RAW_TRACEPOINT)
+    prog_fd = os.dup(fn.fd)
+    link_fd = lib.bpf_attach_raw_tracepoint(prog_fd, tracepoint.encode())
+    if link_fd < 0:
+        os.close(prog_fd)
+        raise OSError(f"cannot attach {func} to raw tracepoint {tracepoint}")
+    return Attached(func, prog_fd, link_fd)

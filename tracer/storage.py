@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 from opentelemetry import context as otel_context
 
-from kvscope.tracer import async_reads, runtime, spans
+from kvscope.tracer import async_reads, extents, runtime, spans
 from kvscope.contract import semconv
 from kvscope.contract.host import whole_disk
 from kvscope.tracer.ledger import fs_connection
@@ -268,6 +268,7 @@ class ParallelReadListener:
         attributes = _parallel_attributes(
             submit, event.ok_bytes, submit.chunk_count, event.reader_tids, event.failed_keys,
             read_ahead=False)
+        attributes.update(chunk_locations(event.chunks))
         attributes[semconv.READ_INFLIGHT_AT_SUBMIT] = submit.inflight_at_submit
         if isinstance(owner, str):
             async_reads.add(owner, submit.submit_ns, event.end_ns, attributes)
@@ -280,10 +281,11 @@ class ParallelReadListener:
         request = current.get()  # the claim runs on the retrieving thread, inside kv.load
         if request is None:
             return
+        attributes = _parallel_attributes(event, event.bytes, len(event.keys),
+                                          event.reader_tids, event.failed_keys, read_ahead=True)
+        attributes.update(chunk_locations(event.chunks))
         spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, event.submit_ns,
-                     event.end_ns, _parallel_attributes(
-                         event, event.bytes, len(event.keys), event.reader_tids,
-                         event.failed_keys, read_ahead=True))
+                     event.end_ns, attributes)
 
 
 def _parallel_attributes(event: Any, ok_bytes: int, chunks: int, reader_tids: tuple[int, ...],
@@ -295,6 +297,26 @@ def _parallel_attributes(event: Any, ok_bytes: int, chunks: int, reader_tids: tu
         semconv.READ_DEVICE: device_of(event.backend_path),
         semconv.READER_TIDS: list(reader_tids), semconv.READ_FAILED_CHUNKS: len(failed_keys),
         semconv.READ_AHEAD: read_ahead,
+    }
+
+
+def chunk_locations(chunks: tuple[Any, ...]) -> dict[str, Any]:
+    """Span attributes saying, per chunk read (hooks.ChunkReadRecord), its key, read window
+    and disk extents: the identity analysis joins block reads by (docs/run-directory.md)."""
+    starts, ends, owners = [], [], []
+    for index, chunk in enumerate(chunks):
+        sectors = extents.file_sectors(chunk.path, chunk.identity, chunk.offset, chunk.length)
+        for start, end in sectors or ():
+            owners.append(index)
+            starts.append(start)
+            ends.append(end)
+    return {
+        semconv.READ_CHUNK_KEY: [c.key for c in chunks],
+        semconv.READ_CHUNK_SUBMIT_NS: [c.submit_ns for c in chunks],
+        semconv.READ_CHUNK_READY_NS: [c.ready_ns for c in chunks],
+        semconv.READ_EXTENT_CHUNK: owners,
+        semconv.READ_EXTENT_START: starts,
+        semconv.READ_EXTENT_END: ends,
     }
 
 

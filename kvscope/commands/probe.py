@@ -109,9 +109,10 @@ def _print_ebpf(args: argparse.Namespace) -> int:
     opts = BlockOptions(key="dev_sector", filter_pids=bool(args.pid),
                         filter_devices=bool(args.device))
     if isinstance(plan, Plan):
-        opts = BlockOptions(key=plan.key, start_tracepoint=plan.start_tracepoint,
+        opts = BlockOptions(key=plan.key, attach=plan.attach,
+                            start_tracepoint=plan.start_tracepoint,
                             filter_pids=opts.filter_pids, filter_devices=opts.filter_devices,
-                            offsets=plan.offsets)
+                            offsets=plan.offsets, flush_seq_bit=plan.flush_seq_bit)
     print(render(opts))
     return 0
 

@@ -51,6 +51,26 @@ class ReadSubmitEvent:
 
 
 @dataclass(frozen=True)
+class ChunkReadRecord:
+    """One chunk file read: which bytes of which file, and the window its block reads lie in.
+
+    This is the read's identity for joining block-layer I/O to it (kvscope.analysis.blockjoin
+    maps ``offset``/``length`` to disk sectors): whatever engine or thread issues the reads,
+    every block read of these bytes is submitted at or after ``submit_ns`` and before
+    ``ready_ns``.
+    """
+
+    key: str
+    path: str
+    identity: Optional[tuple[int, int, int]]  # st_dev, st_ino, st_size of the file read
+    offset: int  # first byte of the file read (the payload, after the header)
+    length: int  # bytes read from ``offset`` (the payload rounded up to 4 KiB)
+    submit_ns: int  # when its reads were queued (time.monotonic_ns())
+    ready_ns: int  # when its last read completed, -1 if it has not (timed out, still running)
+    failed: bool  # the chunk was refused or not read: a miss
+
+
+@dataclass(frozen=True)
 class ReadCompleteEvent:
     """Every chunk of a batch is done; ``failed_keys`` were refused (misses)."""
 
@@ -61,6 +81,7 @@ class ReadCompleteEvent:
     failed_keys: tuple[str, ...]
     reader_tids: tuple[int, ...]  # native thread ids that ran the reads (join with eBPF)
     first_chunk_ready_ns: int  # when the first chunk was complete and verified, -1 if none
+    chunks: tuple[ChunkReadRecord, ...]  # every chunk of the batch, in key order
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,7 @@ class ReadClaimEvent:
     end_ns: int  # when the last taken chunk was complete (before or after claim_ns)
     reader_tids: tuple[int, ...]  # native thread ids that ran the batch's reads
     failed_keys: tuple[str, ...]
+    chunks: tuple[ChunkReadRecord, ...]  # the chunks taken from this batch, in ``keys`` order
 
 
 @dataclass(frozen=True)

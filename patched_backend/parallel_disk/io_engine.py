@@ -62,6 +62,11 @@ class ChunkRead:
         """True once no reader will touch ``dest`` again."""
         return self.ready_ns >= 0
 
+    def file_range(self) -> tuple[int, int]:
+        """(offset, length) of the file bytes the sub-reads cover: the padded payload. Listeners
+        map it to disk sectors to tell this chunk's block reads from any other (hooks)."""
+        return HEADER_SIZE, padded(self.payload_len)
+
     def verify(self, start: int, end: int) -> None:
         """Check the hash of every unverified block lying inside payload bytes [start, end)."""
         if not self.hashes or self.error is not None:
@@ -220,12 +225,12 @@ class IOEngine:
             chunk.fail(mismatch, f"{chunk.path} is not the file that was indexed")
             os.close(chunk.fd)
             return []
-        total = padded(chunk.payload_len)
+        start, total = chunk.file_range()
         if total == 0:
             os.close(chunk.fd)
             return []
         unit = self.read_unit or total
-        return [(HEADER_SIZE + off, chunk.dest[off : min(off + unit, total)])
+        return [(start + off, chunk.dest[off : min(off + unit, total)])
                 for off in range(0, total, unit)]
 
     def _open(self, path: str) -> int:

@@ -161,7 +161,8 @@ class ReadPath:
                 sub_reads=sum(self._engine.sub_reads_for(c.payload_len) for c in chunks),
                 submit_ns=batch.submit_ns, claim_ns=claim_ns,
                 end_ns=max(c.ready_ns for c in chunks), reader_tids=tuple(sorted(batch.tids)),
-                failed_keys=tuple(c.key for c in chunks if c.error is not None)))
+                failed_keys=tuple(c.key for c in chunks if c.error is not None),
+                chunks=tuple(_record(c, batch) for c in chunks)))
 
     def _allocate(self, entry: Entry, busy_loop: bool) -> Optional[Any]:
         if self._allocator is None:
@@ -231,7 +232,15 @@ def _emit_complete(submit: hooks.ReadSubmitEvent, batch: ReadBatch) -> None:
     hooks.emit("on_read_complete", hooks.ReadCompleteEvent(
         submit=submit, end_ns=batch.end_ns if batch.end_ns >= 0 else time.monotonic_ns(),
         ok_chunks=len(ok), ok_bytes=sum(c.payload_len for c in ok), failed_keys=failed,
-        reader_tids=tuple(sorted(batch.tids)), first_chunk_ready_ns=batch.first_ready_ns))
+        reader_tids=tuple(sorted(batch.tids)), first_chunk_ready_ns=batch.first_ready_ns,
+        chunks=tuple(_record(c, batch) for c in batch.chunks)))
+
+
+def _record(chunk: ChunkRead, batch: ReadBatch) -> hooks.ChunkReadRecord:
+    offset, length = chunk.file_range()
+    return hooks.ChunkReadRecord(
+        key=chunk.key, path=chunk.path, identity=chunk.identity, offset=offset, length=length,
+        submit_ns=batch.submit_ns, ready_ns=chunk.ready_ns, failed=chunk.error is not None)
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -124,7 +124,7 @@ def test_reads_without_reader_tids_are_partial_when_block_io_exists(run_copy):
     _, frame, _ = _analyse(run_copy)
     hits = frame["read_bytes"] > 0
     assert frame.loc[hits, "partial"].all() and not frame.loc[~hits, "partial"].any()
-    assert frame.loc[hits, "diagnostics"].str.contains("lack kvscope.storage.reader_tids").all()
+    assert frame.loc[hits, "diagnostics"].str.contains("carry neither chunk extents nor kvscope.storage.reader_tids").all()
 
 
 def test_missing_manifest_and_run_directory(run_copy, tmp_path):

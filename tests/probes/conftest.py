@@ -35,6 +35,13 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def scratch() -> Path:
+    """A folder on the root disk for backing files (/tmp could be tmpfs)."""
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    return SCRATCH
+
+
+@pytest.fixture(scope="session")
 def data_file() -> Iterator[Path]:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     path = SCRATCH / f"data-{os.getpid()}.bin"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from kvscope.probes.block import BlockProbe, BlockResult, disk_holding
 from kvscope.probes.block_bpf import BlockOptions
+from kvscope.testkit.disk import disk_sectors
 
 pytestmark = pytest.mark.root
 
@@ -53,37 +53,23 @@ def _probe(workload, target: Path, key: str) -> tuple[BlockResult, pd.DataFrame]
     return result, rows
 
 
-def disk_sectors(path: Path) -> list[tuple[int, int]]:
-    """[first, last] whole-disk sectors holding a file's data (filefrag + partition start), so
-    its reads can be told from other I/O of the same process (fio's exec reading its binary)."""
-    out = subprocess.run(["filefrag", "-v", "-b512", str(path)], check=True,
-                         capture_output=True, text=True).stdout
-    st_dev = path.stat().st_dev
-    start_file = Path(f"/sys/dev/block/{os.major(st_dev)}:{os.minor(st_dev)}/start")
-    base = int(start_file.read_text()) if start_file.exists() else 0
-    extents = []
-    for line in out.splitlines():
-        parts = line.replace("..", " ").replace(":", " ").split()
-        if len(parts) >= 5 and parts[0].isdigit():
-            extents.append((base + int(parts[3]), base + int(parts[4])))
-    return extents
-
-
 @pytest.mark.parametrize("key", ["rq", "dev_sector"])
 @pytest.mark.parametrize("on", ["root_disk_file", "loop_device"])
 def test_records_exactly_the_workload_reads(request, workload, key: str, on: str) -> None:
     target = request.getfixturevalue("data_file" if on == "root_disk_file" else "loop_device")
     result, rows = _probe(workload, target, key)
-    # Every read is a row or counted unfinished: a completion the kernel never handed to the
-    # probe (classic tracepoints in dev_sector mode share one per-CPU guard with every BPF
-    # program, so a completion interrupting one is skipped; seen under load, 4 of 53).
+    # Every read is a row or counted: unfinished (a completion the kernel never handed to the
+    # probe: classic tracepoints in dev_sector mode share one per-CPU guard with every BPF
+    # program, so a completion interrupting one is skipped; seen under load, 4 of 53) or, in rq
+    # mode, complete_missed (a request the kernel ended with no completion any BPF program saw).
     unfinished = result.lost_events["unfinished_at_stop"]
+    unseen = unfinished + result.lost_events.get("complete_missed", 0)
     if key == "rq":  # the twin completion programs take nested completions
         assert unfinished == 0, result.lost_events
     if on == "loop_device":  # nothing but the workload touches the loop device
-        assert len(result.block_io) + unfinished == COUNT, result.lost_events
+        assert len(result.block_io) + unseen == COUNT, result.lost_events
     else:
-        assert COUNT - unfinished <= len(rows) <= COUNT, result.lost_events
+        assert COUNT - unseen <= len(rows) <= COUNT, result.lost_events
     assert set(rows["op"]) == {"R"} and set(rows["bytes"]) == {SIZE}
     assert rows["sector"].is_unique
     assert set(rows["comm"]) == {"fio"}
@@ -91,9 +77,11 @@ def test_records_exactly_the_workload_reads(request, workload, key: str, on: str
     assert (rows["start_ns"] > 0).all() and (rows["issue_ns"] >= rows["start_ns"]).all()
     assert (rows["complete_ns"] > rows["issue_ns"]).all()
     # recursion_misses counts skipped runs on any device (the loop driver's nested completions
-    # can cause one); the row accounting above is what shows no read went uncounted
+    # can cause one), issued_before_start other I/O in flight as the probe attached; the row
+    # accounting above is what shows no read went uncounted
     lost = {k: v for k, v in result.lost_events.items()
-            if k not in ("recursion_misses", "complete_nested")}
+            if k not in ("recursion_misses", "complete_nested", "issued_before_start",
+                         "complete_missed")}
     assert lost == {"ringbuf_full": 0, "map_full": 0, "bad_record_size": 0,
                     "unfinished_at_stop": unfinished}
     assert result.lost_events["recursion_misses"] >= 0
@@ -112,7 +100,7 @@ def test_depth_and_histograms_match_the_requests(request, workload, on: str) -> 
     if on == "loop_device":  # nothing else reads the loop device: its depth is ours alone
         assert mine["inflight"].max() == DEPTH
         assert mine["inflight"].iloc[-1] == 0
-    # the kernel histograms count every tracked request, as block_io holds them
+    # the histograms count every tracked request, as block_io holds them
     service = _log2_slots(tracked["complete_ns"] - tracked["issue_ns"])
     queue = _log2_slots(tracked["issue_ns"] - tracked["start_ns"])
     assert result.histograms["service_us"][device] == service

@@ -23,7 +23,8 @@ from kvscope.probes.nvme_bpf import NvmeOptions, render
 @pytest.fixture(scope="module")
 def decoded(recorded_nvme_data) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     records, sys_root = recorded_nvme_data
-    return nvme.decode(records, "cold", sys_root)
+    result = nvme.decode(records, "cold", sys_root)
+    return result.nvme_io, result.queue_depth, result.summary
 
 
 def test_commands_join_on_tag_without_generation_bits_recorded_nvme_tracepoints(decoded) -> None:

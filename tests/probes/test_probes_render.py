@@ -3,39 +3,47 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from kvscope.probes import aggregate_bpf, aggregate_frames, btf, frames, sampler
-from kvscope.probes.block_bpf import EVENT_DTYPE, OFFSET_NAMES, BlockOptions, render
+from kvscope.probes.block_bpf import EVENT_DTYPE, RQ_OFFSETS, BlockOptions, render
 
-OFFSETS = {name: 8 * i for i, name in enumerate(sorted(OFFSET_NAMES))}
+OFFSETS = {name: 8 * i for i, name in enumerate(sorted(RQ_OFFSETS))}
 
 
 @pytest.mark.parametrize(
     ("opts", "present"),
     [
-        pytest.param(BlockOptions(offsets=OFFSETS),
-                     ["#define KEY_RQ 1", "RAW_TRACEPOINT_PROBE(block_io_start)",
-                      "#define FILTER_PIDS 0",
+        pytest.param(BlockOptions(offsets=OFFSETS, flush_seq_bit=1),
+                     ["int pio_start(u64 *ctx)", "#define TP_BTF 1", "#define FILTER_PIDS 0",
+                      "#define FLUSH_SEQ_BIT 1",
                       f"#define REQUEST_QUEUE_DISK {OFFSETS['REQUEST_QUEUE_DISK']}"], id="rq"),
+        pytest.param(BlockOptions(offsets=OFFSETS, attach="raw_tp", filter_pids=True),
+                     ["#define TP_BTF 0", "bpf_probe_read_kernel", "#define FILTER_PIDS 1",
+                      "BPF_ARRAY(pid_bits"], id="rq-raw-tp"),
         pytest.param(BlockOptions(key="dev_sector", start_tracepoint="block_getrq",
                                   filter_pids=True, filter_devices=True),
-                     ["#define KEY_RQ 0", "TRACEPOINT_PROBE(block, block_getrq)",
-                      "#define FILTER_PIDS 1", "#define FILTER_DEVS 1"], id="dev-sector"),
+                     ["TRACEPOINT_PROBE(block, block_getrq)", "#define FILTER_PIDS 1",
+                      "#define FILTER_DEVS 1"], id="dev-sector"),
     ],
 )
 def test_render_fills_every_placeholder(opts: BlockOptions, present: list[str]) -> None:
     text = render(opts)
     for snippet in present:
         assert snippet in text
-    for placeholder in ("_VALUE", "START_TRACEPOINT", "RINGBUF_PAGES", "MAX_REQUESTS"):
+    for placeholder in ("_VALUE", "START_TRACEPOINT", "RINGBUF_PAGES", "NSLOTS", "SLOT_BITS",
+                        "MAX_SPILL", "NLOST", "EVENT_STRUCT"):
         assert placeholder not in text
 
 
 @pytest.mark.parametrize("opts", [BlockOptions(key="pointer"), BlockOptions(),
-                                  BlockOptions(offsets=OFFSETS, ringbuf_pages=3)])
+                                  BlockOptions(offsets=OFFSETS, ringbuf_pages=3),
+                                  BlockOptions(offsets=OFFSETS, attach="kprobe"),
+                                  BlockOptions(offsets=OFFSETS, slot_bits=2)])
 def test_render_rejects_bad_options(opts: BlockOptions) -> None:
     with pytest.raises(ValueError):
         render(opts)
@@ -143,3 +151,33 @@ def test_tracepoint_type_ids_from_a_btf_dump() -> None:
     assert btf.tracepoint_type_ids(dump, ("block_rq_complete",)) == {"block_rq_complete": 28870}
     with pytest.raises(btf.BtfError, match="btf_trace_block_io_start"):
         btf.tracepoint_type_ids(dump, ("block_io_start",))
+
+
+def test_enum_value_from_a_btf_dump() -> None:
+    dump = ("[28766] ENUM 'rqf_flags' encoding=UNSIGNED size=4 vlen=2\n"
+            "\t'__RQF_STARTED' val=0\n\t'__RQF_FLUSH_SEQ' val=1\n"
+            "[28767] ENUM 'other' encoding=UNSIGNED size=4 vlen=1\n\t'__RQF_FLUSH_SEQ' val=9\n")
+    assert btf.enum_value(dump, "rqf_flags", "__RQF_FLUSH_SEQ") == 1
+    assert btf.enum_value(dump, "rqf_flags", "__RQF_PM") is None
+    assert btf.enum_value(dump, "req_flag_bits", "__REQ_FUA") is None
+
+
+def test_a_request_finished_unissued_is_a_row_without_issue_or_depth() -> None:
+    # the flush machinery ends a pre-flush write it never issued: the kernel counts it
+    ev = np.zeros(2, dtype=EVENT_DTYPE)
+    ev["tracked"], ev["dev"], ev["rwbs"] = 1, (7 << 20) | 3, b"W"
+    ev["start_ns"], ev["issue_ns"], ev["complete_ns"] = [5, 6], [0, 10], [40, 30]
+    frame = frames.block_frame(ev, "p", from_status=True)
+    assert frame["issue_ns"].tolist() == [-1, 10] and frame["insert_ns"].tolist() == [-1, -1]
+    steps = frames.block_steps(ev, [], sys_root=Path("/nonexistent"))
+    assert sorted(steps["ts_ns"]) == [10, 30]  # only the issued request held the device
+
+
+def test_log2_histograms_are_bccs_slots_of_tracked_issued_requests() -> None:
+    ev = np.zeros(4, dtype=EVENT_DTYPE)
+    ev["dev"], ev["tracked"] = 1, [1, 1, 0, 1]
+    ev["start_ns"] = [0, 1_000, 1_000, 0]
+    ev["issue_ns"] = [1_000, 5_000, 5_000, 0]  # the last one was never issued
+    ev["complete_ns"] = [1_500, 13_000, 13_000, 9_000]
+    assert frames.log2_histograms(ev) == {"queue_us": {1: {3: 1}},  # 4 us
+                                          "service_us": {1: {1: 1, 4: 1}}}  # 0 and 8 us

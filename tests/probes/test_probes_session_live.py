@@ -35,7 +35,7 @@ def test_session_appends_phases_and_records_the_mode(run_dir: Path, workload,
     assert probes["mode"] == "bpf"
     phase_lost = [n for p in probes["phases"].values() for n in p["lost_events"].values()]
     assert probes["lost_events"] == sum(phase_lost)
-    assert "raw_tp:block:block_io_start" in probes["tracepoints"]
+    assert "tp_btf:block:block_io_start" in probes["tracepoints"]
     assert probes["phases"]["cold"]["rows"]["block_io"] == 29
     table_problems = [p for p in rundir.validate(run_dir) if ".parquet" in p]
     assert table_problems == ["requests.parquet is missing"]  # ours are schema v1
@@ -97,5 +97,5 @@ def test_cli_sigint_detaches_and_writes_the_tables(tmp_path: Path, workload,
 def test_cli_ebpf_prints_the_program_it_would_load() -> None:
     out = subprocess.run([*KVSCOPE, "probe", "--out", "unused", "--ebpf", "-p", "1"],
                          check=True, capture_output=True, text=True).stdout
-    assert "RAW_TRACEPOINT_PROBE(block_io_start)" in out and "#define FILTER_PIDS 1" in out
-    assert "#define KEY_RQ 1" in out  # this kernel has raw tracepoints and BTF
+    assert "int pio_start(u64 *ctx)" in out and "#define FILTER_PIDS 1" in out
+    assert "#define TP_BTF 1" in out  # this kernel has BTF-typed tracepoints
