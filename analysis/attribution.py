@@ -153,11 +153,11 @@ def _queue_end(spans: pd.DataFrame, n: int) -> np.ndarray:
 
 
 def _intervals(n: int, arrival: np.ndarray, first: np.ndarray, spans: pd.DataFrame,
-               io: pd.DataFrame, own_busy: tuple[np.ndarray, ...],
-               may_wait: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+               io: pd.DataFrame, own_busy: batch.Intervals,
+               may_wait: batch.Intervals) -> dict[str, np.ndarray]:
     """Every labelled interval as flat arrays: windows, component spans, device queue/service,
     own kv.load/kv.store, and the stretch in which the request may wait on its batch."""
-    parts = [
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | int]] = [
         (np.arange(n), arrival, first, CODE["window"]),
         (spans["key"].to_numpy(), spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(),
          spans["label"].to_numpy()),

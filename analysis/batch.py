@@ -83,8 +83,11 @@ def worker_spans(spans: pd.DataFrame, key_of: pd.Series, n: int) -> Worker:
     return Worker(frame, proc_of, any_worker & (proc_of < 0))
 
 
+Intervals = tuple[np.ndarray, np.ndarray, np.ndarray]  # key, start ns, end ns
+
+
 def own_intervals(worker: Worker, arrival: np.ndarray, queue_end: np.ndarray | None
-                  ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+                  ) -> tuple[Intervals, Intervals]:
     """(key, start, end) of each request's own kv.load / kv.store spans, and of the stretch in
     which it may wait on the batch: arrival (or `queue_end`) to its last worker span's end."""
     own = worker.spans[worker.spans["key"] >= 0]

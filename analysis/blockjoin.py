@@ -17,6 +17,8 @@ ambiguous: spans of one thread overlapped).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -200,7 +202,7 @@ def _empty() -> pd.DataFrame:
                          for c in JOINED_COLUMNS})
 
 
-def _tid_list(value: object) -> list[int] | float:
+def _tid_list(value: Any) -> list[int] | float:
     """Reader tids from the attribute (a list, one int, or a comma string); NaN when absent."""
     if value is None:
         return np.nan

@@ -112,8 +112,8 @@ def _join(n: int, messages: list[tuple[np.ndarray, object]]) -> pd.Series:
         mask = np.asarray(mask, dtype=bool)
         if not mask.any():
             continue
-        piece = message if isinstance(message, str) else pd.Series(message).astype(str).to_numpy()
-        piece = pd.Series(np.broadcast_to(piece, n)).where(mask, "")
+        words = message if isinstance(message, str) else pd.Series(message).astype(str).to_numpy()
+        piece = pd.Series(np.broadcast_to(words, n)).where(mask, "")
         sep = pd.Series(np.where((text != "").to_numpy() & mask, "; ", ""))
         text = text + sep + piece
     return text

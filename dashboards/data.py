@@ -55,7 +55,8 @@ class RunData:
 
     @functools.cached_property
     def spans_by_request(self) -> dict[str, np.ndarray]:
-        return self.run.spans.groupby("request_id", sort=False).indices
+        positions = self.run.spans.groupby("request_id", sort=False).indices
+        return {str(request): np.asarray(rows) for request, rows in positions.items()}
 
     @functools.cached_property
     def kv_depth(self) -> pd.DataFrame:

@@ -235,7 +235,7 @@ def headline(runs: dict[str, Path]) -> pd.DataFrame:
 def verdict(table: pd.DataFrame, runs: dict[str, Path] | None = None) -> list[str]:
     """What limits the gain, in numbers, per concurrency level of the parallel path; with the
     runs, each line ends with where that phase's read bandwidth went (analysis.readpath)."""
-    return [_limit(row) + _where_reads_went(runs, row.phase)
+    return [_limit(row) + _where_reads_went(runs, str(row.phase))
             for row in table[table["profile"] == CANDIDATE].itertuples()]
 
 
@@ -306,6 +306,8 @@ def throughput_comparisons(runs: dict[str, Path]) -> pd.DataFrame:
     if BASELINE not in runs or CANDIDATE not in runs:
         return pd.DataFrame()
     a, b = (rundir.read_table(runs[p], "requests") for p in (BASELINE, CANDIDATE))
+    if a is None or b is None:
+        return pd.DataFrame()
     frames = [throughput.ratio(a, b, phase)
               for phase in sorted(set(a["phase"]) & set(b["phase"])) if phase.startswith("cold")]
     if not frames:
@@ -321,12 +323,14 @@ def ceiling_lines(runs: dict[str, Path]) -> list[str]:
     for run in runs.values():
         manifest = rundir.read_manifest(run)
         study = manifest.get("study") or {}
-        c = study.get("device_ceiling")
+        measured = study.get("device_ceiling")
         device = manifest.get("machine", {}).get("disk_device", "?")
-        if not c or device in seen:
+        if not measured or device in seen:
             continue
         seen.add(device)
-        c = ceiling.best_of([c])  # fills samples and spread for a single measurement
+        c = ceiling.best_of([measured])  # fills samples and spread for a single measurement
+        if c is None:
+            continue
         rates = sorted(x["bytes_per_s"] / 1e9 for x in c.samples)
         lines.append(
             f"- `{device}`: {c.bytes_per_s / 1e9:.2f} GB/s, the best of {len(rates)} "

@@ -54,7 +54,8 @@ def _tracefs() -> Path | None:
 def _headers_found() -> bool:
     """bcc's own search order: BCC_KERNEL_SOURCE, /lib/modules/<release>/{source,build}, kheaders."""
     modules = Path("/lib/modules") / platform.release()
-    candidates = [os.environ.get("BCC_KERNEL_SOURCE", ""), modules / "build", modules / "source"]
+    candidates = [os.environ.get("BCC_KERNEL_SOURCE", ""), str(modules / "build"),
+                  str(modules / "source")]
     if any(c and (Path(c) / "include" / "linux" / "kconfig.h").exists() for c in candidates):
         return True
     return Path("/sys/kernel/kheaders.tar.xz").exists()

@@ -126,7 +126,7 @@ def nvme_summary(nvme_io: pd.DataFrame, depth: pd.DataFrame) -> list[dict[str, A
     groups["max_inflight"] = [
         int(peaks.get((f"nvme{c}", q), 0)) for c, q in zip(groups["ctrl_id"], groups["qid"])
     ]
-    return groups.to_dict(orient="records")
+    return [{str(k): v for k, v in row.items()} for row in groups.to_dict(orient="records")]
 
 
 @dataclass

@@ -126,42 +126,45 @@ class ProbeSession:
             if probe is not None:
                 probe.stop()
         record: dict[str, Any] = {"started_ns": self.started_ns, "ended_ns": ended_ns}
-        if self.aggregate is not None:
-            record.update(self._write_aggregate())
-        elif self.sampler is not None:
-            record.update(self._write_sampler())
+        if self.aggregate is not None and self.sampler is not None and self.plan is not None:
+            record.update(self._write_aggregate(self.aggregate, self.sampler, self.plan))
+        elif self.sampler is not None and self.fallback is not None:
+            record.update(self._write_sampler(self.sampler, self.fallback))
+        elif self.block is not None and self.plan is not None:
+            record.update(self._write_bpf(self.block, self.plan))
         else:
-            record.update(self._write_bpf())
+            raise RuntimeError("the probe session stopped without having started")
         record["probe_mode"] = self.mode
         _record_phase(self.run, self.phase, record, self.pids, self.devices)
 
-    def _write_sampler(self) -> dict[str, Any]:
-        depth, diskstats = self.sampler.stop(self.phase)
+    def _write_sampler(self, sampler: InflightSampler, fallback: Fallback) -> dict[str, Any]:
+        depth, diskstats = sampler.stop(self.phase)
         rundir.append_table(self.run, "queue_depth", depth)
-        record = {"mode": "fallback-sampler", "tracepoints": [],
-                  "why_fallback": self.fallback.message(), "lost_events": {},
-                  "rows": {"queue_depth": len(depth)}, "diskstats": diskstats}
+        record: dict[str, Any] = {"mode": "fallback-sampler", "tracepoints": [],
+                                  "why_fallback": fallback.message(), "lost_events": {},
+                                  "rows": {"queue_depth": len(depth)}, "diskstats": diskstats}
         if self.pids:
             record["pid_filter"] = "not applied: the sampler sees whole devices"
         return record
 
-    def _write_aggregate(self) -> dict[str, Any]:
-        result = self.aggregate.result(self.phase)
-        depth, diskstats = self.sampler.stop(self.phase)
+    def _write_aggregate(self, aggregate: AggregateProbe, sampler: InflightSampler, plan: Plan
+                         ) -> dict[str, Any]:
+        result = aggregate.result(self.phase)
+        depth, diskstats = sampler.stop(self.phase)
         tables = {"io_histograms": result.histograms, "io_totals": result.totals,
                   "queue_depth": depth}
         if self.pids:  # no tracked ids: no block_io table rather than an empty one
             tables["block_io"] = result.block_io
         for name, frame in tables.items():
             rundir.append_table(self.run, name, frame)
-        return {"mode": "bpf", "key": self.plan.key, "key_note": self.plan.note,
-                "tracepoints": self.aggregate.tracepoints, "why_fallback": "",
+        return {"mode": "bpf", "key": plan.key, "key_note": plan.note,
+                "tracepoints": aggregate.tracepoints, "why_fallback": "",
                 "lost_events": result.lost_events,
                 "rows": {name: len(frame) for name, frame in tables.items()},
                 "tracked_ids": self.pids, "diskstats": diskstats}
 
-    def _write_bpf(self) -> dict[str, Any]:
-        result = self.block.result(self.phase)
+    def _write_bpf(self, block: BlockProbe, plan: Plan) -> dict[str, Any]:
+        result = block.result(self.phase)
         rundir.append_table(self.run, "block_io", result.block_io)
         rundir.append_table(self.run, "queue_depth", result.queue_depth)
         rows = {"block_io": len(result.block_io), "queue_depth": len(result.queue_depth)}
@@ -178,8 +181,8 @@ class ProbeSession:
                         queue_depth=rows["queue_depth"] + len(nvme.queue_depth))
             lost.update(nvme.lost_events)
             record["nvme"] = nvme.summary
-        return {"mode": "bpf", "key": self.plan.key, "key_note": self.plan.note,
-                "tracepoints": self.plan.tracepoints,
+        return {"mode": "bpf", "key": plan.key, "key_note": plan.note,
+                "tracepoints": plan.tracepoints,
                 "why_fallback": "", "lost_events": lost, "rows": rows, **record}
 
     def __enter__(self) -> "ProbeSession":

@@ -115,7 +115,7 @@ def on_stock_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 def on_stock_get_non_blocking(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Wraps LocalDiskBackend.batched_get_non_blocking(lookup_id, keys): async loading's reads,
     made at lookup, before the request's trace reaches the worker (tracer.async_reads)."""
-    lookup_id = args[0] if args else kwargs.get("lookup_id")
+    lookup_id = str(args[0] if args else kwargs.get("lookup_id"))
     keys = list(args[1] if len(args) > 1 else kwargs.get("keys", []))
 
     async def traced() -> Any:

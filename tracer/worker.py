@@ -111,14 +111,15 @@ def _write_ledger(rt: runtime.Runtime | None, step: _Step) -> None:
                          record.end_ns, ledger.attributes(record, ledger.LEDGER.dropped))
 
 
-def _traced_call(name: str, on_done: Callable[[Any, trace.Span], None] | None = None):
+def _traced_call(name: str,
+                 on_done: Callable[[Any, trace.Span, spans.RequestTrace], None] | None = None):
     """A wrapper for LMCache engine calls taking req_id=: one span of `name` around them."""
 
     def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         step = _step.requests.get(kwargs.get("req_id", ""))
-        if step is None:
-            return wrapped(*args, **kwargs)
         rt = runtime.get()
+        if step is None or rt is None:
+            return wrapped(*args, **kwargs)
         span = spans.start(rt, name, step.trace, time.monotonic_ns())
         token = otel_context.attach(trace.set_span_in_context(span, step.trace.parent))
         marker = current.set(step.trace)
@@ -132,19 +133,18 @@ def _traced_call(name: str, on_done: Callable[[Any, trace.Span], None] | None = 
             otel_context.detach(token)
             async_reads.flush(step.trace)  # reads made for this request's lookup, if any
         if on_done is not None and span.is_recording():
-            on_done(result, span)
+            on_done(result, span, step.trace)
         spans.finish(rt, span, time.monotonic_ns())
         return result
 
     return wrapper
 
 
-def _loaded_tokens(mask: Any, span: trace.Span) -> None:
+def _loaded_tokens(mask: Any, span: trace.Span, request: spans.RequestTrace) -> None:
     span.set_attribute(semconv.HIT_TOKENS, int(mask.sum()) if hasattr(mask, "sum") else -1)
     served = ledger.served_tokens(mask)
-    vllm_id = span.attributes.get(semconv.VLLM_REQUEST_ID) if span.attributes else None
-    if served is not None and vllm_id:
-        ledger.LEDGER.loaded(str(vllm_id), served)
+    if served is not None and request.vllm_request_id:
+        ledger.LEDGER.loaded(request.vllm_request_id, served)
 
 
 on_retrieve = _traced_call(semconv.SPAN_KV_LOAD, _loaded_tokens)

@@ -105,7 +105,7 @@ def _consume_event(raw: bytes, record: RequestRecord) -> None:
 
 async def run_requests(
     plan: RequestPlan, prompts: list[list[int]], records: list[RequestRecord], concurrency: int,
-    on_done: Callable[[RequestRecord], None] = lambda r: None,
+    on_done: Callable[[RequestRecord], object] = lambda r: None,
 ) -> None:
     """Send prompts[i] for records[i], at most `concurrency` in flight."""
     limit = asyncio.Semaphore(concurrency)

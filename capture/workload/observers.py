@@ -12,6 +12,7 @@ from kvscope.patched_backend.parallel_disk import statsfile
 
 if TYPE_CHECKING:
     from kvscope.capture.workload.server import VLLMServer
+    from kvscope.probes.session import ProbeSession
 
 
 class ProbeObserver:
@@ -19,7 +20,7 @@ class ProbeObserver:
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self._session = None
+        self._session: ProbeSession | None = None
 
     def start_phase(self, run: Path, phase: str, server: "VLLMServer") -> None:
         from kvscope.probes import session

@@ -94,7 +94,7 @@ def _gates(args: argparse.Namespace) -> int:
     if args.junit:
         files.atomic_write(args.junit, gate.junit(
             f"kvscope-gates {Path(args.run).name}",
-            [(r.gate, acceptance.failure_message(r) if r.status != "pass" else None)
+            [(str(r.gate), acceptance.failure_message(r) if r.status != "pass" else None)
              for r in result.itertuples()]), files.OUTPUT_FILE_MODE)
     failed = int((result["status"] != "pass").sum())
     print(f"{failed} of {len(result)} gates failed" if failed else f"all {len(result)} gates pass")
