@@ -1,10 +1,10 @@
 """A run's spans as one columnar table (contract.spantable), made once and read from then on.
 
 Parsing OTLP JSON is most of the cost of loading a run (about 120 us per span through
-protobuf); the table is made once, with the fast reader (analysis.otlp_fast) and protobuf
-for any document it gives back, cleaned (request ids filled from the trace, repeated span
-ids dropped) and cached as RUN/spans.parquet with the fingerprint of the span files and clock
-it came from. Analysis reads only the columns it needs from it, typed, with no per-span
+protobuf); the table is made once, file by file (analysis.spanstream: the fast reader
+analysis.otlp_fast, protobuf for any document it gives back, request ids filled from the
+trace, repeated span ids dropped) and cached as RUN/spans.parquet with the fingerprint of the
+span files and clock it came from. Analysis reads only the columns it needs from it, typed, with no per-span
 Python objects; `frame` gives the classic frame with an attribute dict per span.
 """
 
@@ -16,22 +16,22 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kvscope.analysis import otlp, otlp_fast
-from kvscope.contract import files, rundir
+from kvscope.analysis import otlp, spanstream
+from kvscope.contract import rundir
 from kvscope.contract import spantable as spec
 from kvscope.contract import semconv
 from kvscope.contract.semconv import SPAN_COLUMNS
 
 FILE = "spans.parquet"
 FORMAT = "2"  # bump when the table's meaning changes: older caches are then rebuilt
-ROW_GROUP = 1 << 20
+
+
 def span_files(run: Path) -> list[Path]:
     return sorted((Path(run) / rundir.SPANS_DIR).glob("*.json"))
 
@@ -46,25 +46,27 @@ def fingerprint(run: Path, offset_ns: int) -> str:
 
 
 def build(files_: Iterable[Path], offset_ns: int) -> pa.Table:
-    """The cleaned span table of the OTLP JSON files (problems in its metadata)."""
-    batches, problems = [], []
-    for path in files_:
-        rows = otlp_fast.rows(path.read_bytes(), offset_ns)
-        if rows is None:
-            rows, bad = otlp.read_rows(path, offset_ns)
-            problems += bad
-        if rows:
-            batches.append(_batch(rows))
-    table = pa.Table.from_batches(batches, schema=spec.SCHEMA)
-    table, clean_problems, notes = _clean(table)
-    return _with_meta(table, {spec.META_PROBLEMS: problems + clean_problems,
-                              spec.META_NOTES: notes})
+    """The cleaned span table of the OTLP JSON files (problems in its metadata), in memory."""
+    target = spanstream.MemoryTarget()
+    spanstream.write(files_, offset_ns, target, {})
+    return _read(target.source())
 
 
 def load(run: Path, offset_ns: int) -> pa.Table:
     """The run's span table: RUN/spans.parquet while current, else made now (not written)."""
     path = _current(Path(run), offset_ns)
-    return pq.read_table(path) if path else build(span_files(run), offset_ns)
+    return _read(path) if path else build(span_files(run), offset_ns)
+
+
+def _read(source: Any, **options: Any) -> pa.Table:
+    """A written span table with its metadata (kept in the Parquet footer's key-value pairs,
+    which the writer adds last) as the schema's."""
+    file = pq.ParquetFile(source)
+    return file.read(**options).replace_schema_metadata(_file_meta(file))
+
+
+def _file_meta(file: pq.ParquetFile) -> dict[bytes, bytes]:
+    return {k: v for k, v in (file.metadata.metadata or {}).items() if k != b"ARROW:schema"}
 
 
 def load_typed(run: Path, offset_ns: int, names: tuple[str, ...]
@@ -73,7 +75,7 @@ def load_typed(run: Path, offset_ns: int, names: tuple[str, ...]
     trace_id, the table's metadata), reading from spans.parquet only the columns that hold
     anything (a typed column no span has is never read)."""
     path = _current(Path(run), offset_ns)
-    table = pq.read_table(path, columns=[]) if path else build(span_files(run), offset_ns)
+    table = _read(path, columns=[]) if path else build(span_files(run), offset_ns)
     columns = [*spec.ANALYSIS_COLUMNS, *_holding(path, table)]
     named = pc.field("name").isin(list(names))
     if path:
@@ -108,10 +110,8 @@ def ensure(run: Path, offset_ns: int) -> Path:
     """Write RUN/spans.parquet unless it is current; its path."""
     path = Path(run) / FILE
     if _current(Path(run), offset_ns) is None:
-        table = build(span_files(run), offset_ns)
-        table = _with_meta(table, {spec.META_FINGERPRINT: fingerprint(run, offset_ns)})
-        with files.atomic_writer(path) as f:
-            pq.write_table(table, f, row_group_size=ROW_GROUP)
+        spanstream.write(span_files(run), offset_ns, spanstream.FileTarget(path),
+                         {spec.META_FINGERPRINT: fingerprint(run, offset_ns)})
     return path
 
 
@@ -119,92 +119,11 @@ def _current(run: Path, offset_ns: int) -> Path | None:
     """RUN/spans.parquet when it was made from the run's span files as they are now."""
     path = run / FILE
     try:
-        meta_ = pq.read_schema(path).metadata or {}
+        meta_ = _file_meta(pq.ParquetFile(path))
     except (OSError, ValueError, pa.ArrowInvalid):
         return None
     made_from = json.loads(meta_.get(spec.META_FINGERPRINT, b"null"))
     return path if made_from == fingerprint(run, offset_ns) else None
-
-
-def meta(table: pa.Table, key: bytes) -> Any:
-    return json.loads((table.schema.metadata or {}).get(key, b"null"))
-
-
-def _with_meta(table: pa.Table, values: dict[bytes, Any]) -> pa.Table:
-    merged = dict(table.schema.metadata or {})
-    merged.update({k: json.dumps(v).encode() for k, v in values.items()})
-    return table.replace_schema_metadata(merged)
-
-
-def _batch(rows: list[tuple]) -> pa.RecordBatch:
-    """Rows of analysis.otlp (attributes as dicts) as one record batch of the table."""
-    columns: dict[str, list[Any]] = {name: [] for name in ("service", "pid", spec.REST)}
-    typed: dict[str, list[Any]] = {key: [None] * len(rows) for key in spec.TYPED_ATTRIBUTES}
-    for i, row in enumerate(rows):
-        rest = {}
-        for key, value in row[7].items():
-            if key in typed:  # of its declared type: otlp_json made sure
-                typed[key][i] = value
-            else:
-                rest[key] = value
-        columns["service"].append(row[8])
-        columns["pid"].append(row[9])
-        columns[spec.REST].append(_json(rest))
-    base = list(zip(*rows))[:7]  # the row's values before its attributes
-    arrays: dict[str, Any] = {name: values for (name, _), values in zip(spec.SPAN_FIELDS, base)}
-    arrays.update(columns)
-    arrays.update(typed)
-    return pa.RecordBatch.from_pydict(arrays, schema=spec.SCHEMA)
-
-
-_ENCODE = msgspec.json.Encoder()
-
-
-def _json(rest: dict[str, Any]) -> str:
-    if not rest:
-        return ""
-    if otlp_fast.finite(rest):
-        return _ENCODE.encode(rest).decode()
-    return json.dumps(rest, default=str)  # NaN / Infinity, which msgspec writes as null
-
-
-def _clean(table: pa.Table) -> tuple[pa.Table, list[str], dict[str, list[str]]]:
-    """Fill request ids from the span's trace, drop repeated span ids, say what was wrong."""
-    problems: list[str] = []
-    rid = table["request_id"]
-    known = table.filter(pc.is_valid(rid)).select(["trace_id", "request_id"])
-    first = known.group_by("trace_id", use_threads=False).aggregate([("request_id", "first")])
-    at = pc.index_in(table["trace_id"], value_set=first["trace_id"].combine_chunks())
-    rid = pc.coalesce(rid, pc.take(first["request_id_first"], at))
-    table = table.set_column(table.schema.get_field_index("request_id"), "request_id", rid)
-    orphans = rid.null_count
-    if orphans:
-        problems.append(f"{orphans} spans carry no kvscope.request_id and share no trace with one "
-                        "that does; they are ignored")
-    repeated = ~_first_of(table, ["trace_id", "span_id"])
-    copies = ~_first_of(table, ["trace_id", "span_id", "name", "start_ns", "end_ns"])
-    if copies.any():
-        problems.append(f"{int(copies.sum())} spans are exact copies of earlier ones (exported "
-                        "twice?); the copies are dropped")
-    notes: dict[str, list[str]] = {}
-    clashes = repeated & ~copies
-    if clashes.any():
-        problems.append(f"{int(clashes.sum())} spans reuse a (trace_id, span_id) with different "
-                        "contents; the first is kept and their requests are marked partial")
-        clashing = pd.Series(table["request_id"].to_numpy(zero_copy_only=False)[clashes])
-        for request, count in clashing.groupby(clashing).size().items():
-            notes[str(request)] = [f"{count} spans reuse another span's id; the first was kept"]
-    kept = ~repeated & pc.is_valid(rid).to_numpy(zero_copy_only=False)
-    return table.filter(pa.array(kept)), problems, notes
-
-
-def _first_of(table: pa.Table, keys: list[str]) -> np.ndarray:
-    """Per row: the first row with its values of `keys` (pandas' duplicated(keep='first'))."""
-    numbered = table.select(keys).append_column("row", pa.array(np.arange(len(table))))
-    first = numbered.group_by(keys, use_threads=False).aggregate([("row", "min")])
-    out = np.zeros(len(table), dtype=bool)
-    out[first["row_min"].to_numpy()] = True
-    return out
 
 
 def frame(table: pa.Table) -> pd.DataFrame:

@@ -1,0 +1,204 @@
+"""OTLP JSON span files -> the cleaned span table (contract.spantable), file by file.
+
+Each file is parsed on its own (analysis.otlp_fast, or protobuf for a document it gives back)
+and its rows appended to the Parquet output in row groups of ROW_GROUP rows; cleaning
+(analysis.spanclean) keeps 8 bytes a span meanwhile. When the spans need no cleaning (every
+span names its request, no id repeats: what the tracer writes) that output is the table;
+otherwise (some span lacks a request id, or two spans' id hashes agree) it is read back one
+row group at a time and written again without the dropped rows and with the filled request ids. The table's metadata (the problems found, the per-request
+notes, what the caller adds) goes into the Parquet file's key-value metadata, written last.
+
+Memory: one span file's document and rows, one row group (about 200 bytes a span as Arrow
+columns before compression, 50 MB at ROW_GROUP), and 8 bytes a span of hashes (80 MB at 10M
+spans), plus an argsort of those at the end; never the run's table.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kvscope.analysis import otlp, otlp_fast, spanclean
+from kvscope.contract import files
+from kvscope.contract import spantable as spec
+
+ROW_GROUP = 1 << 18
+
+
+class Target(Protocol):
+    """Where a table is written, and read back from for the cleaning pass."""
+
+    def open(self) -> Any:
+        """A context manager giving a binary sink that replaces the target when it closes."""
+
+    def source(self) -> Any:
+        """What ParquetFile reads the last closed sink's table from."""
+
+
+class FileTarget:
+    """A Parquet file in a run directory, written through contract.files.atomic_writer."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self) -> Any:
+        return files.atomic_writer(self.path)
+
+    def source(self) -> Any:
+        return self.path
+
+
+class MemoryTarget:
+    """A Parquet file in memory (a table made for one reader, not kept)."""
+
+    def __init__(self) -> None:
+        self._buffer: pa.Buffer | None = None
+
+    @contextmanager
+    def open(self) -> Iterator[pa.BufferOutputStream]:
+        sink = pa.BufferOutputStream()
+        yield sink
+        self._buffer = sink.getvalue()
+
+    def source(self) -> Any:
+        return pa.BufferReader(self._buffer)
+
+
+def write(span_files: Iterable[Path], offset_ns: int, target: Target,
+          metadata: dict[bytes, Any]) -> None:
+    """The cleaned span table of `span_files` (epoch ns minus `offset_ns`), with `metadata`
+    and the problems and notes found (contract.spantable META_*), written to `target`."""
+    keys = spanclean.Keys()
+    problems: list[str] = []
+    with target.open() as sink:
+        writer = pq.ParquetWriter(sink, spec.SCHEMA)
+        pending = _Pending(writer)
+        for path in span_files:
+            batch = otlp_fast.batch(path.read_bytes(), offset_ns)
+            if batch is None:
+                rows, bad = otlp.read_rows(path, offset_ns)
+                problems += bad
+                batch = rows_batch(rows)
+            if batch.num_rows:
+                keys.add(batch)
+                pending.add(batch)
+        pending.flush()
+        clean = not keys.suspect()
+        if clean:
+            writer.add_key_value_metadata(_encoded(
+                {**metadata, spec.META_PROBLEMS: problems, spec.META_NOTES: {}}))
+        writer.close()
+    if not clean:
+        cleaning = keys.decide(_reader(pending.sizes, target), _scanner(target))
+        _rewrite(target, pending.sizes, cleaning,
+                 {**metadata, spec.META_PROBLEMS: problems + cleaning.problems,
+                  spec.META_NOTES: cleaning.notes})
+
+
+class _Pending:
+    """Record batches gathered into row groups of ROW_GROUP rows as they are written."""
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+        self.batches: list[pa.RecordBatch] = []
+        self.rows = 0
+        self.sizes: list[int] = []  # rows of each row group written
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.rows += batch.num_rows
+        if self.rows < ROW_GROUP:
+            return
+        table = pa.Table.from_batches(self.batches)
+        full = self.rows // ROW_GROUP * ROW_GROUP
+        for start in range(0, full, ROW_GROUP):
+            self._group(table.slice(start, ROW_GROUP))
+        rest = table.slice(full)
+        self.batches, self.rows = rest.to_batches(), rest.num_rows
+
+    def flush(self) -> None:
+        if self.rows:
+            self._group(pa.Table.from_batches(self.batches))
+        self.batches, self.rows = [], 0
+
+    def _group(self, table: pa.Table) -> None:
+        self.writer.write_table(table, row_group_size=table.num_rows)
+        self.sizes.append(table.num_rows)
+
+
+def _reader(sizes: list[int], target: Target) -> spanclean.ReadRows:
+    def read_rows(rows: np.ndarray, columns: list[str]) -> pa.Table:
+        """`columns` of the given global rows (sorted) of the table written to `target`."""
+        file = pq.ParquetFile(target.source())
+        starts = np.cumsum([0, *sizes])
+        group = np.searchsorted(starts, rows, side="right") - 1
+        parts = []
+        for g in np.unique(group).tolist():
+            local = rows[group == g] - starts[g]
+            parts.append(file.read_row_group(g, columns=columns).take(pa.array(local)))
+        return pa.concat_tables(parts)
+    return read_rows
+
+
+def _scanner(target: Target) -> spanclean.Scan:
+    def scan(columns: list[str]) -> Iterator[pa.Table]:
+        """`columns` of the table written to `target`, one row group at a time."""
+        file = pq.ParquetFile(target.source())
+        for g in range(file.num_row_groups):
+            yield file.read_row_group(g, columns=columns)
+    return scan
+
+
+def _rewrite(target: Target, sizes: list[int], cleaning: spanclean.Cleaning,
+             meta: dict[bytes, Any]) -> None:
+    """The table at `target` again, one row group at a time, cleaned as `cleaning` says."""
+    source = pq.ParquetFile(target.source())
+    column = spec.SCHEMA.get_field_index("request_id")
+    start = 0
+    with target.open() as sink, pq.ParquetWriter(sink, spec.SCHEMA) as writer:
+        for g, size in enumerate(sizes):
+            table = source.read_row_group(g)
+            lo, hi = np.searchsorted(cleaning.fill_rows, [start, start + size])
+            at = np.full(size, -1, dtype=np.int64)
+            at[cleaning.fill_rows[lo:hi] - start] = np.arange(lo, hi)
+            filled = cleaning.fill_ids.take(pa.array(at, mask=at < 0))
+            table = table.set_column(column, "request_id",
+                                     pc.coalesce(table["request_id"], filled))
+            keep = np.ones(size, dtype=bool)
+            d0, d1 = np.searchsorted(cleaning.drop, [start, start + size])
+            keep[cleaning.drop[d0:d1] - start] = False
+            writer.write_table(table.filter(pa.array(keep)), row_group_size=size)
+            start += size
+        writer.add_key_value_metadata(_encoded(meta))
+
+
+def _encoded(meta: dict[bytes, Any]) -> dict[bytes, bytes]:
+    return {k: json.dumps(v).encode() for k, v in meta.items()}
+
+
+def rows_batch(rows: list[tuple]) -> pa.RecordBatch:
+    """Rows of analysis.otlp (attributes as dicts) as one record batch of the table."""
+    columns: dict[str, list[Any]] = {name: [] for name in ("service", "pid", spec.REST)}
+    typed: dict[str, list[Any]] = {key: [None] * len(rows) for key in spec.TYPED_ATTRIBUTES}
+    for i, row in enumerate(rows):
+        rest = {}
+        for key, value in row[7].items():
+            if key in typed:  # of its declared type: otlp_json made sure
+                typed[key][i] = value
+            else:
+                rest[key] = value
+        columns["service"].append(row[8])
+        columns["pid"].append(row[9])
+        columns[spec.REST].append(otlp_fast.rest_json(rest))
+    base = list(zip(*rows))[:7] if rows else [[]] * 7  # the row's values before its attributes
+    arrays: dict[str, Any] = {name: values for (name, _), values in zip(spec.SPAN_FIELDS, base)}
+    arrays.update(columns)
+    arrays.update(typed)
+    return pa.RecordBatch.from_pydict(arrays, schema=spec.SCHEMA)
