@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 
 from kvscope.analysis import spantable
 from kvscope.contract import semconv
@@ -24,63 +25,61 @@ BACK_TO_BACK_NS = 20_000_000  # a reader's next read within this was waiting on 
 IDLE_CAUSES = {"transfer": semconv.SPAN_KV_TRANSFER, "prefill": semconv.SPAN_PREFILL}
 
 
-def _union(start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
-    """The union of intervals as sorted, disjoint (start, end) pairs."""
+def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals as sorted, disjoint (starts, ends); touching intervals merge."""
     if len(start) == 0:
-        return []
+        return start, end
     order = np.argsort(start, kind="stable")
-    out: list[list[int]] = []
-    for s, e in zip(start[order], end[order]):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([int(s), int(e)])
-    return [(s, e) for s, e in out]
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    first = np.flatnonzero(np.r_[True, start[1:] > reach[:-1]])
+    return start[first], reach[np.r_[first[1:] - 1, len(start) - 1]]
 
 
-def _covered_ns(gaps: list[tuple[int, int]], spans: pd.DataFrame) -> int:
-    """How much of the gaps the spans cover (their union, clipped to each gap)."""
-    cover = _union(spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64))
-    total, j = 0, 0
-    for lo, hi in gaps:
-        while j < len(cover) and cover[j][1] <= lo:
-            j += 1
-        k = j
-        while k < len(cover) and cover[k][0] < hi:
-            total += min(hi, cover[k][1]) - max(lo, cover[k][0])
-            k += 1
-    return total
+def _covered_ns(gaps: tuple[np.ndarray, np.ndarray], spans: pd.DataFrame) -> int:
+    """How much of the gaps (sorted, disjoint) the spans cover (their union, clipped to each
+    gap): the covered time up to each gap's end minus that up to its start."""
+    starts, ends = _union(spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64))
+    if len(starts) == 0 or len(gaps[0]) == 0:
+        return 0
+    lengths = ends - starts
+    before = np.r_[0, np.cumsum(lengths)]  # covered time before each interval
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
+        last = np.maximum(k - 1, 0)
+        partial = np.clip(t - starts[last], 0, lengths[last])
+        return np.where(k > 0, before[last] + partial, 0)
+
+    return int((covered_until(gaps[1]) - covered_until(gaps[0])).sum())
 
 
-def _reader_tids(spans: pd.DataFrame) -> set[int]:
-    reads = spans[spans["name"] == semconv.SPAN_STORAGE_READ]
-    tids: set[int] = set()
-    for value in spantable.values(reads, semconv.READER_TIDS):
-        tids |= {int(t) for t in value or []}
-    return tids
+def _reader_tids(reads: pd.DataFrame) -> np.ndarray:
+    """Every thread id the storage.read spans name as a reader."""
+    tids = spantable.arrow(reads, semconv.READER_TIDS)
+    return pc.unique(pc.list_flatten(tids)).drop_null().to_numpy(zero_copy_only=False)
 
 
 def phase_reads(block_io: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFrame,
                 phase: str) -> dict[str, Any] | None:
     """The read-path timeline of one phase (None when its readers did no block reads)."""
-    tids = _reader_tids(spans[spans["request_id"].isin(
-        requests.loc[requests["phase"] == phase, "request_id"].astype(str))])
+    in_phase = spans[spans["request_id"].isin(
+        requests.loc[requests["phase"] == phase, "request_id"].astype(str))]
+    tids = _reader_tids(in_phase[in_phase["name"] == semconv.SPAN_STORAGE_READ])
     io = block_io[(block_io["phase"] == phase) & block_io["op"].astype(str).str.startswith("R")
                   & block_io["tid"].isin(tids)]
     if io.empty:
         return None
     start, issue = io["start_ns"].to_numpy(np.int64), io["issue_ns"].to_numpy(np.int64)
     end = io["complete_ns"].to_numpy(np.int64)
-    busy = _union(start, end)
-    busy_ns = sum(e - s for s, e in busy)
-    gaps = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
+    busy_starts, busy_ends = _union(start, end)
+    busy_ns = int((busy_ends - busy_starts).sum())
+    gaps = (busy_ends[:-1], busy_starts[1:])
     ordered = io.sort_values(["tid", "start_ns"], kind="stable")
     same = (ordered["tid"].to_numpy()[1:] == ordered["tid"].to_numpy()[:-1])
     between = ordered["start_ns"].to_numpy(np.int64)[1:] - ordered["complete_ns"].to_numpy(np.int64)[:-1]
     back_to_back = between[same & (between >= 0) & (between < BACK_TO_BACK_NS)] / 1e6
-    in_phase = spans[spans["request_id"].isin(
-        requests.loc[requests["phase"] == phase, "request_id"].astype(str))]
-    idle_ns = sum(e - s for s, e in gaps)
+    idle_ns = int((gaps[1] - gaps[0]).sum())
     return {
         "phase": phase, "readers": len(tids), "reads": len(io), "bytes": int(io["bytes"].sum()),
         "read_span_s": (end.max() - start.min()) / 1e9, "busy_s": busy_ns / 1e9,

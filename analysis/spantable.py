@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -146,44 +145,41 @@ def frame(table: pa.Table) -> pd.DataFrame:
 
 def typed_frame(table: pa.Table) -> pd.DataFrame:
     """The spans with typed attribute columns and no per-span Python objects (no ids, no
-    `attributes`; names, request ids and services as categoricals): what analysis reads.
-    Attribute columns no span has are left out."""
-    base = table.select(list(spec.ANALYSIS_COLUMNS))
-    for i, field in enumerate(base.schema):
+    `attributes`): what analysis reads. Strings (names, request ids, services, string
+    attributes) are categoricals, the other attributes Arrow-backed (nullable, lists as Arrow
+    lists). Attribute columns no span has are left out."""
+    keys = [k for k in spec.TYPED_ATTRIBUTES if k != semconv.REQUEST_ID  # its own column
+            and k in table.column_names and table[k].null_count < len(table)]
+    chosen = table.select([*spec.ANALYSIS_COLUMNS, *keys])
+    for i, field in enumerate(chosen.schema):
         if pa.types.is_string(field.type):
-            base = base.set_column(i, field.name, base[field.name].dictionary_encode())
-    out = base.to_pandas()
-    for key in spec.TYPED_ATTRIBUTES:
-        if key == semconv.REQUEST_ID or key not in table.column_names:
-            continue  # request_id is its own column; a column not read holds nothing
-        column = table[key]
-        if column.null_count < len(column):
-            out[key] = column.to_pandas(types_mapper=_nullable)
-    return out
+            chosen = chosen.set_column(i, field.name, chosen[field.name].dictionary_encode())
+    base = chosen.select(list(spec.ANALYSIS_COLUMNS)).to_pandas()
+    attributes = chosen.select(keys).to_pandas(types_mapper=_arrow_backed)
+    return pd.concat([base, attributes], axis=1)
 
 
-def _nullable(arrow_type: pa.DataType) -> Any:
-    if pa.types.is_integer(arrow_type):
-        return pd.Int64Dtype()
-    return pd.ArrowDtype(arrow_type) if pa.types.is_list(arrow_type) else None
+def _arrow_backed(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
+    """pandas' type of a typed attribute column: a categorical (None) for strings, else the
+    Arrow type itself (nullable integers and floats, lists)."""
+    return None if pa.types.is_dictionary(arrow_type) else pd.ArrowDtype(arrow_type)
+
+
+def arrow(spans: pd.DataFrame, key: str) -> pa.Array:
+    """Attribute `key` of every span as an Arrow array of its declared type (null where
+    absent), for Arrow's compute functions."""
+    if key in spans.columns:
+        return pa.array(spans[key])
+    return pa.array(values(spans, key), spec.TYPED_ATTRIBUTES[key])
 
 
 def values(spans: pd.DataFrame, key: str) -> list[Any]:
     """Attribute `key` of every span (None where absent), from its typed column or the dicts."""
     if key in spans.columns:
-        return [_plain(v) for v in spans[key].tolist()]
+        return list(arrow(spans, key).to_pylist())
     if "attributes" in spans.columns:
         return [(a or {}).get(key) for a in spans["attributes"]]
     return [None] * len(spans)  # a typed frame without the column: no span has the key
-
-
-def _plain(value: Any) -> Any:
-    """A typed cell as the attribute dict would hold it (None when absent, lists as lists)."""
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return None
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value
 
 
 def mapped(values: pd.Series, mapping: Any) -> pd.Series:
