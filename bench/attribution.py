@@ -1,7 +1,8 @@
 """Benchmark: a day of a busy server and more, analysed from the columnar span table.
 
     .venv/bin/python bench/attribution.py [--requests 100000 300000 1000000]
-        [--runs DIR] [--baseline CHECKOUT] [--old-up-to 300000] [--dask-up-to 100000]
+        [--runs DIR] [--baseline CHECKOUT] [--old-up-to 300000] [--convert-old-up-to 300000]
+        [--dask-up-to 100000] [--skip old convert plain new dask]
 
 For each size, a synthetic run (10 spans and 10 block I/Os per request, spans written as OTLP
 JSON like the tracer's; kept in --runs DIR to reuse) is measured step by step, each step in a
@@ -10,6 +11,8 @@ fresh process so its peak RSS is its own:
 - old: load_run + attribute() of the code in --baseline (a checkout from before the span
   table: spans parsed by protobuf into an attribute dict each), where it fits in memory;
 - convert: OTLP JSON -> RUN/spans.parquet (once per run: `kvscope analyze` does it first);
+  with --baseline, the baseline's conversion runs first (up to --convert-old-up-to requests)
+  and the two tables are compared column by column;
 - plain: a plain parquet read of the same tables and columns the new load reads;
 - new: load_run(typed=True) from spans.parquet + attribution in slices (what analyze runs);
 - dask: the same through `kvscope analyze --engine dask` on a local cluster of 2 workers.
@@ -119,6 +122,24 @@ def _same(a: Path, b: Path) -> str:
     return "identical"
 
 
+def _same_table(a: Path, b: Path) -> str:
+    """Whether two span tables hold the same rows and metadata, read a column at a time (the
+    row groups may differ) so that comparing 10M spans fits in memory."""
+    import pyarrow.parquet as pq
+
+    left, right = pq.ParquetFile(a), pq.ParquetFile(b)
+    if left.schema_arrow.remove_metadata() != right.schema_arrow.remove_metadata():
+        return "DIFFERENT (schema)"
+    meta = [{k: v for k, v in (f.metadata.metadata or {}).items() if k != b"ARROW:schema"}
+            for f in (left, right)]
+    if meta[0] != meta[1]:
+        return "DIFFERENT (metadata: problems, notes or fingerprint)"
+    for name in left.schema_arrow.names:
+        if not left.read([name]).column(0).equals(right.read([name]).column(0)):
+            return f"DIFFERENT (column {name})"
+    return "identical (every column and the metadata)"
+
+
 def _truth(run: Path, rows: Path) -> str:
     from kvscope.testkit import synthetic
 
@@ -136,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                         "table, for the old path (git archive main | tar -x -C DIR)")
     parser.add_argument("--old-up-to", type=int, default=300_000,
                         help="largest run the old path is measured on (it needs ~35 KB/request)")
+    parser.add_argument("--convert-old-up-to", type=int, default=300_000,
+                        help="largest run the baseline's conversion is measured on")
     parser.add_argument("--dask-up-to", type=int, default=100_000)
-    parser.add_argument("--skip", nargs="*", default=[], choices=("old", "convert", "dask"),
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=("old", "convert", "plain", "new", "dask"),
                         help="steps to leave out (convert: use the run's spans.parquet as is)")
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
@@ -158,23 +182,37 @@ def _bench(n: int, runs: Path, tmp: Path, args: argparse.Namespace) -> None:
     run = _make(runs / f"run-{n}", n)
     print(f"== {n} requests (run ready in {time.perf_counter() - start:.0f} s)", flush=True)
     steps = ["convert", "plain", "new"]
+    if args.baseline and n <= args.convert_old_up_to:
+        steps.insert(0, "convert-old")
     if args.baseline and n <= args.old_up_to:
         steps.insert(0, "old")
     if n <= args.dask_up_to:
         steps.append("dask")
-    steps = [s for s in steps if s not in args.skip]
+    skipped = {*args.skip, *(["convert-old"] if "convert" in args.skip else [])}
+    steps = [s for s in steps if s not in skipped]
     got = {}
     for name in steps:
-        path = args.baseline if name == "old" else HERE
-        got[name] = _spawn(name, run, tmp / f"{name}-{n}.parquet", path)
+        path = args.baseline if name in ("old", "convert-old") else HERE
+        step = "convert" if name == "convert-old" else name
+        got[name] = _spawn(step, run, tmp / f"{name}-{n}.parquet", path)
+        if name == "convert-old":
+            (run / "spans.parquet").rename(tmp / f"spans-old-{n}.parquet")
         r = got[name]
         load = f"  load {r['load_s']:.1f} s, attribute {r['s'] - r['load_s']:.1f} s" \
             if "load_s" in r else ""
-        print(f"  {name:8s} {r['s']:7.1f} s (CPU {r['cpu_s']:6.1f} s)  peak RSS "
+        print(f"  {name:11s} {r['s']:7.1f} s (CPU {r['cpu_s']:6.1f} s)  peak RSS "
               f"{r['rss_gb']:5.2f} GB{load}", flush=True)
-    new, plain = got["new"], got["plain"]
-    print(f"  spans {new['spans']}; new load / plain parquet read = "
-          f"{new['load_s'] / plain['s']:.2f} (target <= 2)")
+    if "convert-old" in got and "convert" in got:
+        old, new = got["convert-old"], got["convert"]
+        print(f"  convert new / baseline: time {new['s'] / old['s']:.3f}, CPU "
+              f"{new['cpu_s'] / old['cpu_s']:.3f}, memory {new['rss_gb'] / old['rss_gb']:.3f}; "
+              f"tables {_same_table(tmp / f'spans-old-{n}.parquet', run / 'spans.parquet')}")
+    if "new" not in got:
+        return
+    new = got["new"]
+    if "plain" in got:
+        print(f"  spans {new['spans']}; new load / plain parquet read = "
+              f"{new['load_s'] / got['plain']['s']:.2f} (target <= 2)")
     print(f"  new path: {new['s']:.1f} s, {new['rss_gb']:.2f} GB (1M target: <= 60 s, <= 4 GB)")
     rows = {name: tmp / f"{name}-{n}.parquet" for name in ("old", "new", "dask") if name in got}
     print(f"  new rows {_truth(run, rows['new'])}")
