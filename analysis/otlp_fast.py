@@ -172,7 +172,7 @@ def _attribute_columns(spans: list[_Span], n: int) -> dict[str, pa.Array]:
             rest[rows] = False
             out[key] = _scatter(typed, owner[rows], n)
     out[spec.REST] = _rest_text(keys, values, kinds, owner, np.flatnonzero(rest), n)
-    absent = {key: pa.nulls(n, kind) for key, kind in spec.TYPED_ATTRIBUTES.items()
+    absent = {key: pa.nulls(n).cast(kind) for key, kind in spec.TYPED_ATTRIBUTES.items()
               if key not in out}
     return {**out, **absent}
 
@@ -201,17 +201,17 @@ def _typed(values: list[_AnyValue], kinds: np.ndarray, rows: np.ndarray,
     position[kinds[rows] != 0] = np.arange(len(held))
     picked = _pick(values, held)
     if declared.array:
-        arrays = [v.arrayValue.values for v in picked]  # type: ignore[union-attr]
+        arrays = [v.arrayValue.values for v in picked]
         lengths = np.array([len(a) for a in arrays], dtype=np.int32)
         elements = [e for a in arrays for e in a]
         scalar = _SCALAR_BIT[declared.scalar]
         if (_kinds(elements) != scalar).any():
             raise _Unsure  # an element of another type, or an empty one
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32())
         found: pa.Array = pa.ListArray.from_arrays(offsets, _scalars(elements, scalar))
     else:
         found = _scalars(picked, bit)
-    return found.take(pa.array(position, mask=position < 0))
+    return gather(found, position)
 
 
 def _scalars(values: list[_AnyValue], bit: int) -> pa.Array:
@@ -230,7 +230,12 @@ def _scatter(values: pa.Array, owner: np.ndarray, n: int) -> pa.Array:
     last[:-1] = owner[1:] != owner[:-1]  # a span's pairs are consecutive
     at = np.full(n, -1, dtype=np.int64)
     at[owner[last]] = np.flatnonzero(last)
-    return values.take(pa.array(at, mask=at < 0))
+    return gather(values, at)
+
+
+def gather(values: pa.Array, at: np.ndarray) -> pa.Array:
+    """values[at], null where `at` is negative."""
+    return values.take(pa.array(at, pa.int64(), mask=at < 0))
 
 
 def _rest_text(keys: list[str], values: list[_AnyValue], kinds: np.ndarray, owner: np.ndarray,
@@ -373,12 +378,12 @@ def _ids(texts: list[str], hex_len: int, required: bool) -> pa.Array:
     anything else (base64, a missing or all-zero required id) is otlp_json's to read."""
     ids = pa.array(texts, pa.string())
     well = pc.match_substring_regex(ids, f"^[0-9a-fA-F]{{{hex_len}}}$")
-    zero = pc.equal(ids, "0" * hex_len)
+    zero = pc.equal(ids, pa.scalar("0" * hex_len))
     if required:
         if not _every(well) or pc.any(zero).as_py():
             raise _Unsure
     else:
-        if not _every(pc.or_(well, pc.equal(ids, ""))):
+        if not _every(pc.or_(well, pc.equal(ids, pa.scalar("")))):
             raise _Unsure
         ids = pc.if_else(zero, "", ids)
     return pc.ascii_lower(ids)

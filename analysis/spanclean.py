@@ -62,7 +62,7 @@ class Keys:
             zero_copy_only=False))
         if len(orphans):
             self._orphan_rows.append(orphans + self.rows)
-            self._orphan_traces.append(trace.take(pa.array(orphans)))
+            self._orphan_traces.append(trace.take(orphans))
         self.rows += batch.num_rows
 
     def suspect(self) -> bool:
@@ -156,12 +156,20 @@ def _hex_words(ids: pa.Array, width: int) -> np.ndarray:
     n = len(ids)
     if n == 0:
         return np.zeros((0, width // 16), dtype=np.uint64)
-    offsets = np.frombuffer(ids.buffers()[1], np.int32, n + 1, ids.offset * 4)
+    offsets = np.frombuffer(_buffer(ids, 1), np.int32, n + 1, ids.offset * 4)
     if not (np.diff(offsets) == width).all():
         raise ValueError(f"span table ids must be {width} hex characters")
-    data = np.frombuffer(ids.buffers()[2], np.uint8)
+    data = np.frombuffer(_buffer(ids, 2), np.uint8)
     chars = data[offsets[0]:offsets[-1]].reshape(n, width // 16, 16)
     return (_NIBBLE[chars] << _SHIFTS).sum(axis=2, dtype=np.uint64)
+
+
+def _buffer(array: pa.Array, i: int) -> memoryview:
+    """Buffer `i` of a string array (1: offsets, 2: characters), which it always has."""
+    buffer = array.buffers()[i]
+    if buffer is None:
+        raise ValueError("a string array without offsets or characters")
+    return memoryview(buffer)
 
 
 def _hash(words: np.ndarray) -> np.ndarray:

@@ -5,8 +5,9 @@ and its rows appended to the Parquet output in row groups of ROW_GROUP rows; cle
 (analysis.spanclean) keeps 8 bytes a span meanwhile. When the spans need no cleaning (every
 span names its request, no id repeats: what the tracer writes) that output is the table;
 otherwise (some span lacks a request id, or two spans' id hashes agree) it is read back one
-row group at a time and written again without the dropped rows and with the filled request ids. The table's metadata (the problems found, the per-request
-notes, what the caller adds) goes into the Parquet file's key-value metadata, written last.
+row group at a time and written again without the dropped rows and with the filled request
+ids. The table's metadata (the problems found, the per-request notes, what the caller adds)
+goes into the Parquet file's key-value metadata, written last.
 
 Memory: one span file's document and rows, one row group (about 200 bytes a span as Arrow
 columns before compression, 50 MB at ROW_GROUP), and 8 bytes a span of hashes (80 MB at 10M
@@ -168,9 +169,9 @@ def _rewrite(target: Target, sizes: list[int], cleaning: spanclean.Cleaning,
             lo, hi = np.searchsorted(cleaning.fill_rows, [start, start + size])
             at = np.full(size, -1, dtype=np.int64)
             at[cleaning.fill_rows[lo:hi] - start] = np.arange(lo, hi)
-            filled = cleaning.fill_ids.take(pa.array(at, mask=at < 0))
+            filled = otlp_fast.gather(cleaning.fill_ids, at)
             table = table.set_column(column, "request_id",
-                                     pc.coalesce(table["request_id"], filled))
+                                     pc.coalesce(table["request_id"].combine_chunks(), filled))
             keep = np.ones(size, dtype=bool)
             d0, d1 = np.searchsorted(cleaning.drop, [start, start + size])
             keep[cleaning.drop[d0:d1] - start] = False
@@ -179,8 +180,9 @@ def _rewrite(target: Target, sizes: list[int], cleaning: spanclean.Cleaning,
         writer.add_key_value_metadata(_encoded(meta))
 
 
-def _encoded(meta: dict[bytes, Any]) -> dict[bytes, bytes]:
-    return {k: json.dumps(v).encode() for k, v in meta.items()}
+def _encoded(meta: dict[bytes, Any]) -> dict[str, str]:
+    """Footer key-value pairs: the keys as given, the values as JSON text."""
+    return {k.decode(): json.dumps(v) for k, v in meta.items()}
 
 
 def rows_batch(rows: list[tuple]) -> pa.RecordBatch:
@@ -197,7 +199,8 @@ def rows_batch(rows: list[tuple]) -> pa.RecordBatch:
         columns["service"].append(row[8])
         columns["pid"].append(row[9])
         columns[spec.REST].append(otlp_fast.rest_json(rest))
-    base = list(zip(*rows))[:7] if rows else [[]] * 7  # the row's values before its attributes
+    # the row's values before its attributes, a column each
+    base: list[Any] = list(zip(*rows))[:7] if rows else [[]] * 7
     arrays: dict[str, Any] = {name: values for (name, _), values in zip(spec.SPAN_FIELDS, base)}
     arrays.update(columns)
     arrays.update(typed)

@@ -4,8 +4,9 @@ Parsing OTLP JSON is most of the cost of loading a run (about 120 us per span th
 protobuf); the table is made once, file by file (analysis.spanstream: the fast reader
 analysis.otlp_fast, protobuf for any document it gives back, request ids filled from the
 trace, repeated span ids dropped) and cached as RUN/spans.parquet with the fingerprint of the
-span files and clock it came from. Analysis reads only the columns it needs from it, typed, with no per-span
-Python objects; `frame` gives the classic frame with an attribute dict per span.
+span files and clock it came from. Analysis reads only the columns it needs from it, typed,
+with no per-span Python objects; `frame` gives the classic frame with an attribute dict per
+span.
 """
 
 from __future__ import annotations
