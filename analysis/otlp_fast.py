@@ -137,18 +137,21 @@ def _batch(message: _Request, offset_ns: int) -> pa.RecordBatch:
     if any(isinstance(k, str) and k not in _KINDS for k in {s.kind for s in spans}):
         raise _Unsure
     n = len(spans)
-    columns: dict[str, Any] = {
-        "trace_id": _ids([s.traceId for s in spans], 32, required=True),
-        "span_id": _ids([s.spanId for s in spans], 16, required=True),
-        "parent_span_id": _ids([s.parentSpanId for s in spans], 16, required=False),
-        "name": pa.array([s.name for s in spans], pa.string()),
-        "start_ns": _times([s.startTimeUnixNano for s in spans], offset_ns),
-        "end_ns": _times([s.endTimeUnixNano for s in spans], offset_ns),
-        "service": pa.array(np.repeat(np.array(services, dtype=object), counts), pa.string()),
-        "pid": pa.array(np.repeat(np.array(pids, dtype=np.int64), counts), pa.int64()),
-    }
-    columns.update(_attribute_columns(spans, n))
-    columns["request_id"] = columns[semconv.REQUEST_ID]
+    attributes = _attribute_columns(spans, n)
+    fields = (  # the span fields in contract.spantable.SPAN_FIELDS' order
+        _ids([s.traceId for s in spans], 32, required=True),
+        _ids([s.spanId for s in spans], 16, required=True),
+        _ids([s.parentSpanId for s in spans], 16, required=False),
+        pa.array([s.name for s in spans], pa.string()),
+        _times([s.startTimeUnixNano for s in spans], offset_ns),
+        _times([s.endTimeUnixNano for s in spans], offset_ns),
+        attributes[semconv.REQUEST_ID],
+        pa.array(np.repeat(np.array(services, dtype=object), counts), pa.string()),
+        pa.array(np.repeat(np.array(pids, dtype=np.int64), counts), pa.int64()),
+    )
+    columns: dict[str, Any] = {name: column for (name, _), column in
+                               zip(spec.SPAN_FIELDS, fields, strict=True)}
+    columns.update(attributes)
     return pa.RecordBatch.from_arrays([columns[f.name] for f in spec.SCHEMA], schema=spec.SCHEMA)
 
 

@@ -20,6 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvscope.contract import spantable as spec
+
 _NIBBLE = np.zeros(256, dtype=np.uint64)
 _NIBBLE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint64)
 _SHIFTS = np.arange(60, -1, -4, dtype=np.uint64)  # a 16-digit word's nibbles, high first
@@ -29,7 +31,7 @@ _MIX = tuple(np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94
 ReadRows = Callable[[np.ndarray, list[str]], pa.Table]
 # Scans the written table's columns batch by batch: columns -> iterator of tables
 Scan = Callable[[list[str]], Any]
-KEY_COLUMNS = ["trace_id", "span_id", "name", "start_ns", "end_ns", "request_id"]
+KEY_COLUMNS = [*spec.COPY_COLUMNS, "request_id"]  # what deciding a suspect row reads
 
 
 @dataclass
@@ -142,9 +144,8 @@ class Keys:
         frame = read_rows(rows, KEY_COLUMNS).to_pandas()
         filled = pd.Series(fill_ids.to_numpy(zero_copy_only=False), index=fill_rows)
         frame["request_id"] = frame["request_id"].fillna(pd.Series(rows).map(filled))
-        repeated = frame.duplicated(["trace_id", "span_id"]).to_numpy()
-        copies = frame.duplicated(["trace_id", "span_id", "name", "start_ns", "end_ns"]
-                                  ).to_numpy()
+        repeated = frame.duplicated(list(spec.SPAN_IDENTITY)).to_numpy()
+        copies = frame.duplicated(list(spec.COPY_COLUMNS)).to_numpy()
         clashes = repeated & ~copies
         return rows[repeated], rows[copies], frame["request_id"][clashes]
 

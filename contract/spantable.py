@@ -46,6 +46,9 @@ SPAN_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
 )
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind in
                     (*SPAN_FIELDS, *TYPED_ATTRIBUTES.items(), (REST, pa.string()))])
+# What makes two rows one span (cleaning keeps the first), and what an exact copy repeats too
+SPAN_IDENTITY = ("trace_id", "span_id")
+COPY_COLUMNS = (*SPAN_IDENTITY, "name", "start_ns", "end_ns")
 # What analysis reads of every span besides the typed attributes (no ids: the table is clean)
 ANALYSIS_COLUMNS = tuple(name for name, _ in SPAN_FIELDS if not name.endswith("_id")) + (
     "request_id",)
