@@ -35,9 +35,11 @@ SORT_KEYS = {
     "TTFT": "ttft_ns",
     **{name.replace("_", " "): f"{name}_ns" for name in COMPONENTS},
 }
-# Above this many requests per run, per-request bars become a stacked step area: bars thinner
-# than a pixel look the same and ~60k SVG bars take seconds to draw (bench/dashboard_render.py).
-MAX_BARS = 2000
+# The breakdown draws at most this many requests across its panels, about one per pixel of the
+# page's width: a run with more has its ranks binned and one request drawn per bin
+# (`representatives`); more points than pixels look the same and each costs the browser time.
+MAX_POINTS = 1200
+MIN_POINTS_PER_RUN = 100  # a run's panel keeps at least this many, however many runs
 
 
 _Built = TypeVar("_Built")
@@ -63,11 +65,31 @@ def _require(frame: pd.DataFrame, columns: list[str] | tuple[str, ...], what: st
         raise ValueError(f"{what} needs columns {missing}; got {list(frame.columns)}")
 
 
+def representatives(ordered: pd.DataFrame, points: int, by: str) -> pd.DataFrame:
+    """At most `points` of one run's requests (`ordered`: in rank order), with their `rank`:
+    all of them when they fit, else the ranks cut into `points` equal bins and from each the
+    request with the largest `by`. Each drawn stack is then a real request whose parts sum to
+    its TTFT (what a click opens), and the largest is the one a human looks for: it keeps the
+    spikes a bin's mean would flatten."""
+    n = len(ordered)
+    ranks = np.arange(n)
+    if n <= points:
+        return ordered.assign(rank=ranks)
+    bins = ranks * points // n  # equal bins of consecutive ranks
+    # within each bin, the largest `by` first (ties: the lower rank)
+    order = np.lexsort((ranks, -ordered[by].to_numpy("float64"), bins))
+    first = order[np.r_[True, bins[order][1:] != bins[order][:-1]]]
+    return ordered.iloc[first].assign(rank=first)
+
+
 def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
-                    max_bars: int = MAX_BARS) -> go.Figure:
+                    max_points: int = MAX_POINTS) -> go.Figure:
     """TTFT per request as stacked components, one panel per run, requests in `sort_by` order.
 
-    Each request carries its `key` as customdata so a click selects it (assets/waterfall.js).
+    Up to `max_points` requests across the panels as bars; a run with more is drawn as a
+    stacked step area through one request per bin of ranks (`representatives`: the one the
+    sort puts first in its bin, or the slowest when sorted by arrival). Each drawn request
+    carries its `key` as customdata so a click selects it (assets/waterfall.js).
     """
     column = SORT_KEYS.get(sort_by)
     if column is None:
@@ -77,15 +99,20 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
     if attribution.empty:
         return empty("no requests in the selected runs and phase")
     runs = list(dict.fromkeys(attribution["run"]))
-    ordered = {run: mine.sort_values(column, kind="stable", ascending=sort_by == "arrival")
-               for run, mine in attribution.groupby("run", sort=False)}
-    bars = max(len(rows) for rows in ordered.values()) <= max_bars
+    points = max(min(MIN_POINTS_PER_RUN, max_points), max_points // len(runs))
+    by = "TTFT" if sort_by == "arrival" else sort_by
+    drawn = {run: representatives(mine.sort_values(column, kind="stable",
+                                                   ascending=sort_by == "arrival"),
+                                  points, SORT_KEYS[by])
+             for run, mine in attribution.groupby("run", sort=False)}
+    counts = attribution["run"].value_counts()
+    binned = any(len(rows) < counts[run] for run, rows in drawn.items())
     layout = grid(1, len(runs), [text(run) for run in runs], facets=True, shared_yaxes=True,
                   horizontal_spacing=0.02)
     data: list[dict[str, Any]] = []
     for i, run in enumerate(runs):
-        rows = ordered[run]
-        ranks = np.arange(len(rows), dtype="int32")
+        rows = drawn[run]
+        ranks = rows["rank"].to_numpy("int32")
         names = rows["request_id"].map(text)
         for component in COMPONENTS:
             first = component == COMPONENTS[0]  # the key rides on one component: 1/6 the bytes
@@ -96,21 +123,24 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
                 **axes(i)}
             if first:
                 trace["customdata"] = list(zip(rows["key"], names))
-            if bars:
-                trace.update(type="bar", marker={"color": COLORS[component]})
-            else:
+            if binned:
                 trace.update(type="scatter", mode="lines", stackgroup="1",
                              line={"width": 0, "shape": "hv", "color": COLORS[component]})
+            else:
+                trace.update(type="bar", marker={"color": COLORS[component]})
             data.append(trace)
         axis_of(layout, i, "x")["title"] = {"text": f"request (by {sort_by})"}
     layout["yaxis"]["title"] = {"text": "ms"}
     # A click anywhere above a request selects it (assets/waterfall.js, from the hover). No
     # clickmode: Plotly neither recomputes the hover nor emits an event Dash processes first. No
     # drag zoom by default (the modebar's zoom is one click away): its box, added at mousedown,
-    # repaints the 10k-point areas and held the next frame ~200 ms (bench/dashboard_render.py).
+    # repaints the areas and held the next frame ~200 ms (bench/dashboard_render.py).
     layout.update(hovermode="x unified", clickmode="none", dragmode=False, barmode="stack",
                   bargap=0.1)
-    return figure(data, layout, f"TTFT breakdown per request (sorted by {sort_by})")
+    title = f"TTFT breakdown per request (sorted by {sort_by})"
+    if binned:
+        title += f"; {points} per run drawn, each the largest {by} of its bin of ranks"
+    return figure(data, layout, title)
 
 
 def level_order(phases: pd.Series, concurrency: pd.Series) -> list[tuple[str, int]]:
