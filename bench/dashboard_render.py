@@ -327,12 +327,12 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
     try:
         for page in pages:
             first_render(page)  # Chromium's own first start and cache warm-up
-        renders = {p.name: [] for p in pages}
+        renders: dict[str, list[float]] = {p.name: [] for p in pages}
         for _ in range(args.repeat):
             for page in pages:
                 renders[page.name].append(first_render(page))
-        clicks = {p.name: [] for p in pages}
-        in_page = {p.name: [] for p in pages}
+        clicks: dict[str, list[float]] = {p.name: [] for p in pages}
+        in_page: dict[str, list[float]] = {p.name: [] for p in pages}
         for i in range(args.clicks):  # rank 0 is already shown
             for page in pages:
                 seen, drawn = click(page, 0.2 + 0.75 * i / max(args.clicks - 1, 1))
