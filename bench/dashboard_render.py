@@ -12,7 +12,8 @@ already over it, hover settled: click until the waterfall shows the clicked requ
 webdriver and in the page), next to the server's part called in-process. With --baseline REV the same page measurements run on
 `kvscope dashboard` of that revision (from `git archive`, in its own server and browser),
 alternating with this tree's, so both see the same machine load; the synthetic run is then
-written by that revision's generator, so both read it as the baseline wrote it.
+written by that revision's generator, so both read it as the baseline wrote it; and both trees'
+app load from the analysis outputs runs in a fresh interpreter each, alternating.
 """
 
 from __future__ import annotations
@@ -239,6 +240,28 @@ def timed_load(runs: list[Path]) -> tuple[float, dict[str, data.RunData]]:
     return time.perf_counter() - start, loaded
 
 
+# A fresh interpreter's app load, as `kvscope dashboard` starts: the imports, then the runs
+# loaded from their analysis outputs and the opening page built (printed as two numbers).
+FRESH_LOAD = """
+import sys, time
+start = time.perf_counter()
+from kvscope.dashboards import data
+from kvscope.dashboards.app import build_app
+imported = time.perf_counter()
+build_app(data.load_runs(sys.argv[1:]))
+print(imported - start, time.perf_counter() - imported)
+"""
+
+
+def fresh_load(tree: Path, runs: list[Path]) -> tuple[float, float]:
+    """Seconds to import the app, then to load `runs` and build the page, in a new interpreter
+    importing kvscope from `tree`."""
+    out = subprocess.run([sys.executable, "-c", FRESH_LOAD, *map(str, runs)], cwd=tree,
+                         env=_in_tree(tree), check=True, capture_output=True, text=True).stdout
+    imports, load = out.split()[-2:]
+    return float(imports), float(load)
+
+
 def without_outputs(runs: list[Path], root: Path) -> list[Path]:
     """Copies of the runs without their analysis outputs: what the app analyses at start."""
     from kvscope.analysis import outputs
@@ -250,6 +273,10 @@ def without_outputs(runs: list[Path], root: Path) -> list[Path]:
 
 def _median_ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.0f} ms"
+
+
+def _median_s(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s"
 
 
 def _side_by_side(what: str, times: dict[str, list[float]], fmt=_median_ms) -> None:
@@ -278,6 +305,17 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
     print(f"runs: {', '.join(map(str, runs))} ({n} requests)")
     print(f"app load (+ layout): from the analysis outputs {load_s:.2f} s, analysing at start "
           f"{analysing_s:.2f} s ({load_s / analysing_s:.2f}x)")
+    trees = {"this tree": (REPO, runs), **({args.baseline: (tree, baseline_runs)} if tree else {})}
+    imports: dict[str, list[float]] = {name: [] for name in trees}
+    loads: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(args.repeat):
+        for name, (where, shown) in trees.items():
+            took = fresh_load(where, shown)
+            imports[name].append(took[0])
+            loads[name].append(took[1])
+    _side_by_side(f"app load in a fresh interpreter (runs from their analysis outputs + the "
+                  f"opening page), median of {args.repeat}", loads, _median_s)
+    _side_by_side("  before it, importing the app", imports, _median_s)
     runner, url = serve(build_app(loaded))
     servers = [("this tree", url)]
     baseline = None
@@ -289,12 +327,12 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
     try:
         for page in pages:
             first_render(page)  # Chromium's own first start and cache warm-up
-        renders = {p.name: [] for p in pages}
+        renders: dict[str, list[float]] = {p.name: [] for p in pages}
         for _ in range(args.repeat):
             for page in pages:
                 renders[page.name].append(first_render(page))
-        clicks = {p.name: [] for p in pages}
-        in_page = {p.name: [] for p in pages}
+        clicks: dict[str, list[float]] = {p.name: [] for p in pages}
+        in_page: dict[str, list[float]] = {p.name: [] for p in pages}
         for i in range(args.clicks):  # rank 0 is already shown
             for page in pages:
                 seen, drawn = click(page, 0.2 + 0.75 * i / max(args.clicks - 1, 1))
@@ -311,7 +349,7 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
             baseline.wait(timeout=30)
     keys = list(next(iter(loaded.values())).attribution["key"].sample(args.clicks, random_state=1))
     _side_by_side(f"first render (navigation -> every view drawn), median of {args.repeat}",
-                  renders, lambda t: f"{statistics.median(t):.2f} s")
+                  renders, _median_s)
     _side_by_side(f"click on a request -> its waterfall drawn (webdriver), median of {args.clicks}",
                   clicks)
     _side_by_side("  in the page: mousedown -> first frame with its waterfall", in_page)

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import plotly.io.json
 from dash import ClientsideFunction, Dash, Input, Output, State, dcc, html
 
-from kvscope.dashboards import data, figures, ids, timeline
+from kvscope.dashboards import data, figures, ids, look, timeline
 from kvscope.dashboards.data import RunData
 
 TRACE_ID = re.compile(r"[0-9a-f]{32}")
@@ -31,7 +31,7 @@ def update_breakdown(runs: dict[str, RunData], labels: list[str] | None, phase: 
 
 @figures.one_at_a_time
 def update_summary_views(runs: dict[str, RunData], labels: list[str] | None, phase: str | None
-                         ) -> tuple[go.Figure, go.Figure, go.Figure, html.Table]:
+                         ) -> tuple[go.Figure, go.Figure, go.Figure, html.Table | html.P]:
     """Per-concurrency means, percentiles, throughput and findings of the selection."""
     return (figures.build_concurrency(data.attribution_of(runs, labels, phase)),
             figures.build_percentiles(data.percentiles_of(runs, labels, phase)),
@@ -94,13 +94,13 @@ def waterfall_of(runs: dict[str, RunData], key: str | None) -> dict:
         KeyError: no loaded request has this key.
     """
     if not key:
-        return figures.empty("no request selected").to_plotly_json()
+        return look.empty("no request selected").to_plotly_json()
     data.parse_key(key)
     try:
         view = data.request_of(runs, key)
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise KeyError(f"no loaded request has the key {key!r}") from e
-    title = figures.text(f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
+    title = look.text(f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
                          f"TTFT {view.row['ttft_ns'] / 1e6:.1f} ms")
     return timeline.waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
                               first_token_ns=view.first_token_ns, title=title)
@@ -138,7 +138,7 @@ def update_device(runs: dict[str, RunData], labels: list[str] | None) -> go.Figu
 def update_nvme(runs: dict[str, RunData], labels: list[str] | None) -> go.Figure:
     nvme = data.nvme_of(runs, labels)
     if nvme is None:
-        return figures.empty("none of the selected runs recorded NVMe commands")
+        return look.empty("none of the selected runs recorded NVMe commands")
     return timeline.build_nvme(nvme)
 
 

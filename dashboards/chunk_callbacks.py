@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, html
 
 from kvscope.dashboards import chunks, data, figures, ids
-from kvscope.dashboards.figures import text
+from kvscope.dashboards.look import text
 from kvscope.dashboards.callbacks import table
 from kvscope.dashboards.data import RunData
 

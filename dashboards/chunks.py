@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kvscope.contract import chunk_outcomes
-from kvscope.dashboards.figures import _require, _style, empty, text
+from kvscope.dashboards.figures import _require
+from kvscope.dashboards.look import axes, axis_of, empty, figure, grid, text
 
 HIT_COLORS = {chunk_outcomes.TIER_VLLM: "#2ca02c", chunk_outcomes.TIER_CPU: "#17becf", chunk_outcomes.TIER_DISK: "#1f77b4",
               chunk_outcomes.TIER_OTHER: "#9467bd"}
@@ -56,17 +56,16 @@ def chunk_strip(rows: pd.DataFrame, title: str = "Chunks of the request") -> go.
         return empty("no chunk ledger for this request (no LMCache lookup was traced)")
     rows = rows.sort_values("chunk_index", kind="stable")
     labels = [outcome(t, r) for t, r in zip(rows["tier"], rows["reason"])]
-    fig = go.Figure()
+    data = []
     for label in dict.fromkeys(labels):  # first-seen order: the strip's own order
         part = rows[[lab == label for lab in labels]]
-        fig.add_trace(go.Bar(
-            x=part["tokens"], base=part["start_token"], y=["chunks"] * len(part),
-            orientation="h", name=label, marker={"color": outcome_color(label),
-                                                 "line": {"color": "white", "width": 1}},
-            hovertext=[_hover(r) for r in part.itertuples(index=False)], hoverinfo="text"))
-    fig.update_layout(barmode="overlay", height=170, yaxis={"visible": False},
-                      xaxis={"title": "prompt token"})
-    return _style(fig, title)
+        data.append({
+            "type": "bar", "x": part["tokens"].tolist(), "base": part["start_token"].tolist(),
+            "y": ["chunks"] * len(part), "orientation": "h", "name": label,
+            "marker": {"color": outcome_color(label), "line": {"color": "white", "width": 1}},
+            "hovertext": [_hover(r) for r in part.itertuples(index=False)], "hoverinfo": "text"})
+    return figure(data, {"barmode": "overlay", "height": 170, "yaxis": {"visible": False},
+                         "xaxis": {"title": {"text": "prompt token"}}}, title)
 
 
 def miss_reasons_over_time(ledger: pd.DataFrame, bins: int = 40,
@@ -78,10 +77,11 @@ def miss_reasons_over_time(ledger: pd.DataFrame, bins: int = 40,
         return empty("no chunk ledger in these runs (runs before schema v4, or no LMCache "
                      "lookup traced)")
     runs = list(dict.fromkeys(ledger["run"]))
-    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=[text(r) for r in runs])
+    layout = grid(len(runs), 1, [text(r) for r in runs], shared_xaxes=True,
+                  vertical_spacing=0.08)
+    data = []
     shown: set[str] = set()
-    for i, run in enumerate(runs, start=1):
+    for i, run in enumerate(runs):
         part = ledger[ledger["run"] == run]
         seconds = (part["lookup_ns"] - part["lookup_ns"].min()) / 1e9
         edges = np.linspace(0.0, max(float(seconds.max()), 1e-3), bins + 1)
@@ -92,11 +92,11 @@ def miss_reasons_over_time(ledger: pd.DataFrame, bins: int = 40,
         for label in sorted(set(labels), key=lambda lab: (lab.startswith("miss"), lab)):
             tokens = np.bincount(which[(labels == label).to_numpy()],
                                  weights=part["tokens"][labels == label], minlength=bins)
-            fig.add_trace(go.Bar(x=centers, y=tokens, name=label, legendgroup=label,
-                                 showlegend=label not in shown,
-                                 marker={"color": outcome_color(label)}), row=i, col=1)
+            data.append({"type": "bar", "x": centers, "y": tokens, "name": label,
+                         "legendgroup": label, "showlegend": label not in shown,
+                         "marker": {"color": outcome_color(label)}, **axes(i)})
             shown.add(label)
-        fig.update_yaxes(title_text="tokens", row=i, col=1)
-    fig.update_xaxes(title_text="s since the run's first lookup", row=len(runs), col=1)
-    fig.update_layout(barmode="stack", bargap=0.05, height=140 + 220 * len(runs))
-    return _style(fig, title)
+        axis_of(layout, i, "y")["title"] = {"text": "tokens"}
+    axis_of(layout, len(runs) - 1, "x")["title"] = {"text": "s since the run's first lookup"}
+    layout.update(barmode="stack", bargap=0.05, height=140 + 220 * len(runs))
+    return figure(data, layout, title)

@@ -10,15 +10,16 @@ figure, because Plotly renders a subset of HTML in labels and hover text.
 from __future__ import annotations
 
 import functools
-import html
 import threading
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
+import numpy as np
 import pandas as pd
-import plotly.express as px
+from plotly.colors import qualitative
 import plotly.graph_objects as go
 
 from kvscope.analysis.attribution import COMPONENTS  # in causal order; they sum to ttft_ns
+from kvscope.dashboards.look import axes, axis_of, each_axis, empty, figure, grid, text
 
 COLORS = {
     "queueing": "#9e9e9e",
@@ -28,17 +29,17 @@ COLORS = {
     "prefill": "#1f77b4",
     "other": "#c7c7c7",
 }
-LABELS = {"ms": "ms", "component": "component", "run": "run", "rank": "request"}
 # Sort keys of the per-request view: option label -> column of the attribution frame.
 SORT_KEYS = {
     "arrival": "arrival_ns",
     "TTFT": "ttft_ns",
     **{name.replace("_", " "): f"{name}_ns" for name in COMPONENTS},
 }
-# Above this many requests per run, per-request bars become a stacked step area: bars thinner
-# than a pixel look the same and ~60k SVG bars take seconds to draw (bench/dashboard_render.py).
-MAX_BARS = 2000
-PLOT_TEMPLATE = "plotly_white"
+# The breakdown draws at most this many requests across its panels, about one per pixel of the
+# page's width: a run with more has its ranks binned and one request drawn per bin
+# (`representatives`); more points than pixels look the same and each costs the browser time.
+MAX_POINTS = 1200
+MIN_POINTS_PER_RUN = 100  # a run's panel keeps at least this many, however many runs
 
 
 _Built = TypeVar("_Built")
@@ -58,68 +59,37 @@ def one_at_a_time(build: Callable[..., _Built]) -> Callable[..., _Built]:
     return locked
 
 
-def text(value: object) -> str:
-    """A string safe to show in a Plotly figure: trace-provided markup is shown, not rendered."""
-    return html.escape(str(value), quote=False)
-
-
 def _require(frame: pd.DataFrame, columns: list[str] | tuple[str, ...], what: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ValueError(f"{what} needs columns {missing}; got {list(frame.columns)}")
 
 
-LEGEND = {"orientation": "h", "y": 1.07, "yanchor": "bottom", "x": 1, "xanchor": "right",
-          "title": None}
-MARGIN = {"l": 60, "r": 20, "t": 90, "b": 50}
-
-
-@functools.cache
-def style_json() -> dict:
-    """The look of `_style` as plain layout JSON, for figures built without plotly objects
-    (the click path): the template's layout only, automargin off, so the caller sizes the
-    margins. Per-trace defaults for every trace type and automargin's second layout pass were
-    most of a click's redraw (bench/dashboard_render.py)."""
-    import plotly.io as pio
-
-    layout = pio.templates[PLOT_TEMPLATE].layout.to_plotly_json()
-    for axis in ("xaxis", "yaxis"):  # the template's axes are every x and y axis's defaults
-        layout[axis] = {**layout[axis], "automargin": False}
-    return {"template": {"layout": layout}, "legend": LEGEND, "margin": MARGIN}
-
-
-def _style(fig: go.Figure, title: str) -> go.Figure:
-    """One look for every figure: white template, title, legend on top, facet titles bare."""
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
-    fig.update_layout(template=PLOT_TEMPLATE, title={"text": title, "x": 0.01, "xanchor": "left"},
-                      legend=LEGEND, margin=MARGIN)
-    return fig
-
-
-def empty(message: str) -> go.Figure:
-    """A blank figure that says why it is blank (never an unexplained empty plot)."""
-    fig = go.Figure()
-    fig.add_annotation(text=text(message), showarrow=False, x=0.5, y=0.5,
-                       xref="paper", yref="paper", font={"size": 14})
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return _style(fig, "")
-
-
-def _long_ms(frame: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
-    """Melt the `<component>_ns` columns to long form (component, ms) in causal order."""
-    long = frame.melt(id_vars=ids, value_vars=[f"{c}_ns" for c in COMPONENTS],
-                      var_name="component", value_name="ns")
-    long["component"] = long["component"].str.removesuffix("_ns")
-    long["ms"] = long["ns"].astype("float64") / 1e6
-    return long.drop(columns="ns")
+def representatives(ordered: pd.DataFrame, points: int, by: str) -> pd.DataFrame:
+    """At most `points` of one run's requests (`ordered`: in rank order), with their `rank`:
+    all of them when they fit, else the ranks cut into `points` equal bins and from each the
+    request with the largest `by`. Each drawn stack is then a real request whose parts sum to
+    its TTFT (what a click opens), and the largest is the one a human looks for: it keeps the
+    spikes a bin's mean would flatten."""
+    n = len(ordered)
+    ranks = np.arange(n)
+    if n <= points:
+        return ordered.assign(rank=ranks)
+    bins = ranks * points // n  # equal bins of consecutive ranks
+    # within each bin, the largest `by` first (ties: the lower rank)
+    order = np.lexsort((ranks, -ordered[by].to_numpy("float64"), bins))
+    first = order[np.r_[True, bins[order][1:] != bins[order][:-1]]]
+    return ordered.iloc[first].assign(rank=first)
 
 
 def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
-                    max_bars: int = MAX_BARS) -> go.Figure:
+                    max_points: int = MAX_POINTS) -> go.Figure:
     """TTFT per request as stacked components, one panel per run, requests in `sort_by` order.
 
-    Each bar carries the request's `key` as customdata so a click can select the request.
+    Up to `max_points` requests across the panels as bars; a run with more is drawn as a
+    stacked step area through one request per bin of ranks (`representatives`: the one the
+    sort puts first in its bin, or the slowest when sorted by arrival). Each drawn request
+    carries its `key` as customdata so a click selects it (assets/waterfall.js).
     """
     column = SORT_KEYS.get(sort_by)
     if column is None:
@@ -128,33 +98,49 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
              + [f"{c}_ns" for c in COMPONENTS], "the TTFT breakdown")
     if attribution.empty:
         return empty("no requests in the selected runs and phase")
-    ordered = attribution.sort_values(["run", column], kind="stable", ascending=[True, sort_by == "arrival"])
-    ordered = ordered.assign(rank=ordered.groupby("run", sort=False).cumcount(),
-                             request=ordered["request_id"].map(text))
-    long = _long_ms(ordered, ["run", "rank", "key", "request"])
-    long["run"] = long["run"].map(text)
-    long["ms"] = long["ms"].round(3)  # µs resolution; halves the JSON sent for 10k requests
-    common = dict(x="rank", y="ms", color="component", facet_col="run",
-                  custom_data=["key", "request"], color_discrete_map=COLORS,
-                  category_orders={"component": list(COMPONENTS),
-                                   "run": list(dict.fromkeys(attribution["run"].map(text)))},
-                  labels={**LABELS, "rank": f"request (by {sort_by})"})
-    if ordered.groupby("run").size().max() <= max_bars:
-        fig = px.bar(long, **common)
-        fig.update_layout(barmode="stack", bargap=0.1)
-    else:
-        fig = px.area(long, line_shape="hv", **common)
-        fig.update_traces(line={"width": 0})
-    for trace in fig.data:  # the key rides on the first component only: 1/6 of the bytes
-        first = trace.name == COMPONENTS[0]
-        trace.customdata = trace.customdata if first else None
-        trace.hovertemplate = ("%{customdata[1]}: %{y:.2f} ms" if first else "%{y:.2f} ms")
+    runs = list(dict.fromkeys(attribution["run"]))
+    points = max(min(MIN_POINTS_PER_RUN, max_points), max_points // len(runs))
+    by = "TTFT" if sort_by == "arrival" else sort_by
+    drawn = {run: representatives(mine.sort_values(column, kind="stable",
+                                                   ascending=sort_by == "arrival"),
+                                  points, SORT_KEYS[by])
+             for run, mine in attribution.groupby("run", sort=False)}
+    counts = attribution["run"].value_counts()
+    binned = any(len(rows) < counts[run] for run, rows in drawn.items())
+    layout = grid(1, len(runs), [text(run) for run in runs], facets=True, shared_yaxes=True,
+                  horizontal_spacing=0.02)
+    data: list[dict[str, Any]] = []
+    for i, run in enumerate(runs):
+        rows = drawn[run]
+        ranks = rows["rank"].to_numpy("int32")
+        names = rows["request_id"].map(text)
+        for component in COMPONENTS:
+            first = component == COMPONENTS[0]  # the key rides on one component: 1/6 the bytes
+            trace: dict[str, Any] = {
+                "name": component, "legendgroup": component, "showlegend": i == 0, "x": ranks,
+                "y": (rows[f"{component}_ns"].to_numpy("float64") / 1e6).round(3),
+                "hovertemplate": "%{customdata[1]}: %{y:.2f} ms" if first else "%{y:.2f} ms",
+                **axes(i)}
+            if first:
+                trace["customdata"] = list(zip(rows["key"], names))
+            if binned:
+                trace.update(type="scatter", mode="lines", stackgroup="1",
+                             line={"width": 0, "shape": "hv", "color": COLORS[component]})
+            else:
+                trace.update(type="bar", marker={"color": COLORS[component]})
+            data.append(trace)
+        axis_of(layout, i, "x")["title"] = {"text": f"request (by {sort_by})"}
+    layout["yaxis"]["title"] = {"text": "ms"}
     # A click anywhere above a request selects it (assets/waterfall.js, from the hover). No
     # clickmode: Plotly neither recomputes the hover nor emits an event Dash processes first. No
     # drag zoom by default (the modebar's zoom is one click away): its box, added at mousedown,
-    # repaints the 10k-point areas and held the next frame ~200 ms (bench/dashboard_render.py).
-    fig.update_layout(hovermode="x unified", clickmode="none", dragmode=False)
-    return _style(fig, f"TTFT breakdown per request (sorted by {sort_by})")
+    # repaints the areas and held the next frame ~200 ms (bench/dashboard_render.py).
+    layout.update(hovermode="x unified", clickmode="none", dragmode=False, barmode="stack",
+                  bargap=0.1)
+    title = f"TTFT breakdown per request (sorted by {sort_by})"
+    if binned:
+        title += f"; {points} per run drawn, each the largest {by} of its bin of ranks"
+    return figure(data, layout, title)
 
 
 def level_order(phases: pd.Series, concurrency: pd.Series) -> list[tuple[str, int]]:
@@ -173,25 +159,19 @@ def line_of(run: str, phase: str) -> str:
 
 def run_colors(runs: list[str]) -> dict[str, str]:
     """One colour per run, in the order given (stable across views and selections)."""
-    palette = px.colors.qualitative.D3
+    palette = qualitative.D3
     return {run: palette[i % len(palette)] for i, run in enumerate(runs)}
 
 
-def _grid(panels: int, columns: int) -> tuple[int, int]:
+def _shape(panels: int, columns: int) -> tuple[int, int]:
     columns = max(1, min(columns, panels))
     return (panels + columns - 1) // columns, columns
-
-
-def _cell(i: int, columns: int) -> dict[str, int]:
-    return {"row": i // columns + 1, "col": i % columns + 1}
 
 
 def build_concurrency(attribution: pd.DataFrame, columns: int = 3) -> go.Figure:
     """Mean TTFT components per concurrency level, one small panel per run (its warm phase a
     panel of its own), on one shared ms scale so the runs compare at a glance; the levels in
     numeric order. The means of the parts add up to the mean TTFT."""
-    from plotly.subplots import make_subplots
-
     _require(attribution, ["run", "phase", "concurrency"] + [f"{c}_ns" for c in COMPONENTS],
              "the per-concurrency breakdown")
     if attribution.empty:
@@ -201,26 +181,26 @@ def build_concurrency(attribution: pd.DataFrame, columns: int = 3) -> go.Figure:
     means = (frame.groupby(["line", "phase", "concurrency"], as_index=False, sort=False)
              [[f"{c}_ns" for c in COMPONENTS]].mean())
     lines = list(dict.fromkeys(frame["line"]))
-    rows, cols = _grid(len(lines), columns)
-    fig = make_subplots(rows=rows, cols=cols, shared_yaxes="all", horizontal_spacing=0.04,
-                        vertical_spacing=0.5 / rows if rows > 1 else 0.0,
-                        subplot_titles=[text(line) for line in lines])
+    rows, cols = _shape(len(lines), columns)
+    layout = grid(rows, cols, [text(line) for line in lines], shared_yaxes="all",
+                  horizontal_spacing=0.04, vertical_spacing=0.5 / rows if rows > 1 else 0.0)
+    data = []
     for i, line in enumerate(lines):
         mine = means[means["line"] == line]
         order = level_order(mine["phase"], mine["concurrency"])
         mine = mine.set_index(["phase", "concurrency"]).loc[order]
         levels = [f"c={c}" for _, c in order]
-        for component in COMPONENTS:
-            fig.add_trace(go.Bar(
-                x=levels, y=(mine[f"{component}_ns"] / 1e6).round(3).tolist(), name=component,
-                marker_color=COLORS[component], legendgroup=component, showlegend=i == 0,
-                hovertemplate=f"{component} %{{y:.1f}} ms<extra>{text(line)}</extra>"),
-                **_cell(i, cols))
-    fig.update_layout(barmode="stack", height=230 * rows + 130)
-    fig.update_xaxes(type="category", title_text="")
-    fig.update_yaxes(rangemode="tozero")
-    fig.update_yaxes(title_text="mean ms", col=1)
-    return _style(fig, "Mean TTFT breakdown per concurrency level (one panel per run)")
+        data += [{"type": "bar", "x": levels, "y": (mine[f"{component}_ns"] / 1e6).round(3).tolist(),
+                  "name": component, "marker": {"color": COLORS[component]},
+                  "legendgroup": component, "showlegend": i == 0,
+                  "hovertemplate": f"{component} %{{y:.1f}} ms<extra>{text(line)}</extra>",
+                  **axes(i)} for component in COMPONENTS]
+    each_axis(layout, "x", type="category", title={"text": ""})
+    each_axis(layout, "y", rangemode="tozero")
+    for row in range(rows):
+        axis_of(layout, row * cols, "y")["title"] = {"text": "mean ms"}
+    layout.update(barmode="stack", height=230 * rows + 130)
+    return figure(data, layout, "Mean TTFT breakdown per concurrency level (one panel per run)")
 
 
 PANEL_COMPONENTS = ("ttft", *COMPONENTS)  # one panel each; the storage sub-parts stay in tables
@@ -231,8 +211,6 @@ def build_percentiles(percentiles: pd.DataFrame, columns: int = 4) -> go.Figure:
     """One small panel per component (TTFT and its parts), each on its own ms scale:
     concurrency on a numeric (log) axis, one colour per run, p50 solid and p99 dashed. Many
     runs stay readable: no category labels to rotate, a legend entry per run."""
-    from plotly.subplots import make_subplots
-
     _require(percentiles, ["run", "phase", "concurrency", "component", "percentile",
                            "value_ns"], "the percentile view")
     frame = percentiles[percentiles["component"].isin(PANEL_COMPONENTS)
@@ -244,31 +222,32 @@ def build_percentiles(percentiles: pd.DataFrame, columns: int = 4) -> go.Figure:
     shown = [c for c in PANEL_COMPONENTS if c in set(frame["component"])]
     colors = run_colors(list(dict.fromkeys(frame["run"])))
     levels = sorted({int(c) for c in frame["concurrency"]})
-    rows, cols = _grid(len(shown), columns)
-    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.06,
-                        vertical_spacing=0.45 / rows if rows > 1 else 0.0,
-                        subplot_titles=shown)
+    rows, cols = _shape(len(shown), columns)
+    layout = grid(rows, cols, shown, horizontal_spacing=0.06,
+                  vertical_spacing=0.45 / rows if rows > 1 else 0.0)
+    data = []
     for i, component in enumerate(shown):
         panel = frame[frame["component"] == component]
         for (line, run, stat), points in panel.groupby(["line", "run", "percentile"],
                                                         sort=False):
             points = points.sort_values("concurrency")
             warm = line != run
-            fig.add_trace(go.Scatter(
-                x=points["concurrency"].astype(int).tolist(), y=points["ms"].round(3).tolist(),
-                mode="lines+markers", name=text(line), legendgroup=text(line),
-                showlegend=i == 0 and stat == "p50",
-                line={"color": colors[str(run)], "dash": SHOWN_PERCENTILES[str(stat)],
-                      "width": 2},
-                marker={"symbol": "diamond-open" if warm else "circle", "size": 7},
-                hovertemplate=(f"{text(line)} {stat}: %{{y:.1f}} ms at c=%{{x}}"
-                               "<extra></extra>")), **_cell(i, cols))
-    fig.update_xaxes(type="log", tickvals=levels, ticktext=[str(c) for c in levels],
-                     title_text="concurrency", title_standoff=2)
-    fig.update_yaxes(rangemode="tozero", title_text="")
-    fig.update_layout(height=250 * rows + 140)
-    return _style(fig, "Percentiles per component (ms; p50 solid, p99 dashed; each panel on its "
-                  "own scale)")
+            data.append({
+                "type": "scatter", "x": points["concurrency"].astype(int).tolist(),
+                "y": points["ms"].round(3).tolist(), "mode": "lines+markers",
+                "name": text(line), "legendgroup": text(line),
+                "showlegend": i == 0 and stat == "p50",
+                "line": {"color": colors[str(run)], "dash": SHOWN_PERCENTILES[str(stat)],
+                         "width": 2},
+                "marker": {"symbol": "diamond-open" if warm else "circle", "size": 7},
+                "hovertemplate": f"{text(line)} {stat}: %{{y:.1f}} ms at c=%{{x}}<extra></extra>",
+                **axes(i)})
+    each_axis(layout, "x", type="log", tickvals=levels, ticktext=[str(c) for c in levels],
+              title={"text": "concurrency", "standoff": 2})
+    each_axis(layout, "y", rangemode="tozero", title={"text": ""})
+    layout["height"] = 250 * rows + 140
+    return figure(data, layout, "Percentiles per component (ms; p50 solid, p99 dashed; each "
+                  "panel on its own scale)")
 
 
 def build_throughput(throughput: pd.DataFrame) -> go.Figure:
@@ -278,13 +257,24 @@ def build_throughput(throughput: pd.DataFrame) -> go.Figure:
              "the throughput view")
     if throughput.empty:
         return empty("analysis reported no throughput for the selected runs and phase")
-    frame = throughput.assign(run=throughput["run"].map(text), level=throughput["level"].map(text))
     ordered = [text(f"{p} c={c}") for p, c in level_order(throughput["phase"],
                                                            throughput["concurrency"])]
-    fig = px.bar(frame, x="level", y="value", color="run", facet_col="metric", barmode="group",
-                 labels={**LABELS, "level": "", "value": ""},
-                 color_discrete_map=run_colors(list(dict.fromkeys(frame["run"]))),
-                 category_orders={"metric": list(dict.fromkeys(frame["metric"])),
-                                  "level": ordered})
-    fig.update_yaxes(matches=None, showticklabels=True, rangemode="tozero")
-    return _style(fig, "Throughput per phase")
+    metrics = list(dict.fromkeys(throughput["metric"]))
+    runs = list(dict.fromkeys(throughput["run"]))
+    colors = run_colors(runs)
+    layout = grid(1, len(metrics), [text(m) for m in metrics], facets=True,
+                  horizontal_spacing=0.02)
+    data = []
+    for i, metric in enumerate(metrics):
+        for run in runs:
+            rows = throughput[(throughput["metric"] == metric) & (throughput["run"] == run)]
+            data.append({"type": "bar", "x": rows["level"].map(text).tolist(),
+                         "y": rows["value"].tolist(), "name": text(run), "legendgroup": text(run),
+                         "showlegend": i == 0, "offsetgroup": text(run),
+                         "marker": {"color": colors[run]},
+                         "hovertemplate": f"{text(run)} %{{x}}: %{{y:.3g}} {text(metric)}"
+                                          "<extra></extra>", **axes(i)})
+    each_axis(layout, "x", type="category", categoryorder="array", categoryarray=ordered)
+    each_axis(layout, "y", rangemode="tozero")
+    layout["barmode"] = "group"
+    return figure(data, layout, "Throughput per phase")

@@ -8,13 +8,15 @@ not fit relative times, so intervals are horizontal bars with `base=start`.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from kvscope.dashboards.figures import COLORS, LABELS, _require, _style, empty, style_json, text
+from kvscope.dashboards.figures import COLORS, _require, run_colors
+from kvscope.dashboards.look import axes, empty, figure, grid, style, style_json, text
 
 # Span name (without the `kvscope.` prefix) -> TTFT component colour.
 SPAN_COLORS = {
@@ -198,26 +200,40 @@ def _run_series(depth: pd.DataFrame, reads: pd.DataFrame, bins: int) -> pd.DataF
                          "read MB/s": mbps.to_numpy()})
 
 
+def _per_run(frame: pd.DataFrame, columns: list[str]) -> Callable[[str], pd.DataFrame]:
+    """A run's rows of `frame` (its `columns` only; none for a run it does not hold)."""
+    parts = dict(tuple(frame.groupby("run", sort=False)[columns]))
+    return lambda run: parts.get(run, frame[columns].iloc[:0])
+
+
 def build_device(depth: pd.DataFrame, reads: pd.DataFrame, *, bins: int = DEVICE_BINS) -> go.Figure:
     """Device in-flight depth (peak per bin) and read bandwidth over time, runs overlaid."""
     _require(depth, ["run", "ts_ns", "inflight"], "the device depth view")
     _require(reads, ["run", "start_ns", "complete_ns", "bytes"], "the read bandwidth view")
     if depth.empty and reads.empty:
         return empty("no block I/O or queue depth recorded in the selected runs (probes off?)")
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("in-flight requests (peak per bin)", "read bandwidth"))
-    palette = px.colors.qualitative.D3
-    for i, run in enumerate(dict.fromkeys([*depth["run"], *reads["run"]])):
-        series = _run_series(depth[depth["run"] == run], reads[reads["run"] == run], bins)
-        color = palette[i % len(palette)]
-        fig.add_trace(go.Scatter(x=series["t_s"], y=series["depth"], name=text(run),
-                                 line_shape="hv", line_color=color, legendgroup=text(run)), 1, 1)
-        fig.add_trace(go.Scatter(x=series["t_s"], y=series["read MB/s"], name=text(run),
-                                 line_color=color, legendgroup=text(run), showlegend=False), 2, 1)
-    fig.update_yaxes(title_text="in flight", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="MB/s", rangemode="tozero", row=2, col=1)
-    fig.update_xaxes(title_text="s since the run's first I/O", row=2, col=1)
-    return _style(fig, "Device queue depth and read bandwidth")
+    layout = grid(2, 1, ["in-flight requests (peak per bin)", "read bandwidth"],
+                  shared_xaxes=True, vertical_spacing=0.08)
+    runs = list(dict.fromkeys([*depth["run"].unique(), *reads["run"].unique()]))
+    colors = run_colors(runs)
+    # Split once, on the columns drawn: a study's depth samples are millions of rows, and a
+    # string comparison and a copy of every column per run took seconds of the app's start.
+    depth_of = _per_run(depth, ["ts_ns", "inflight"])
+    reads_of = _per_run(reads, ["start_ns", "complete_ns", "bytes"])
+    data: list[dict[str, Any]] = []
+    for run in runs:
+        series = _run_series(depth_of(run), reads_of(run), bins)
+        line = {"color": colors[run]}
+        data += [{"type": "scatter", "x": series["t_s"].to_numpy(), "y": series["depth"].to_numpy(),
+                  "name": text(run), "legendgroup": text(run), "line": {**line, "shape": "hv"},
+                  **axes(0)},
+                 {"type": "scatter", "x": series["t_s"].to_numpy(),
+                  "y": series["read MB/s"].to_numpy(), "name": text(run), "legendgroup": text(run),
+                  "showlegend": False, "line": line, **axes(1)}]
+    layout["yaxis"].update(title={"text": "in flight"}, rangemode="tozero")
+    layout["yaxis2"].update(title={"text": "MB/s"}, rangemode="tozero")
+    layout["xaxis2"]["title"] = {"text": "s since the run's first I/O"}
+    return figure(data, layout, "Device queue depth and read bandwidth")
 
 
 def build_nvme(nvme_io: pd.DataFrame, *, bins: int = DEVICE_BINS) -> go.Figure:
@@ -243,8 +259,8 @@ def build_nvme(nvme_io: pd.DataFrame, *, bins: int = DEVICE_BINS) -> go.Figure:
                 "peak latency ms": latency.to_numpy()}))
     long = pd.concat(frames).melt(id_vars=["run", "qid", "t_s"], var_name="metric")
     fig = px.line(long, x="t_s", y="value", color="qid", facet_row="metric", facet_col="run",
-                  line_shape="hv", labels={**LABELS, "t_s": "s since the run's first command"})
+                  line_shape="hv", labels={"t_s": "s since the run's first command"})
     fig.update_yaxes(matches=None, rangemode="tozero", title_text="")
     fig.for_each_trace(lambda t: t.update(mode="markers", marker_size=4),
                        selector=lambda t: "latency" in (t.hovertemplate or ""))
-    return _style(fig, "NVMe hardware queues")
+    return style(fig, "NVMe hardware queues")

@@ -59,19 +59,50 @@ def test_breakdown_puts_runs_side_by_side():
     assert {t.xaxis for t in fig.data} == {"x", "x2"}
 
 
-def test_breakdown_switches_to_stacked_area_above_max_bars():
-    fig = figures.build_breakdown(attribution("big", 30), max_bars=10)
+def test_breakdown_above_its_points_draws_the_largest_request_of_each_bin_of_ranks():
+    """30 requests in 10 points: a stacked step area through one real request per 3 ranks,
+    the slowest of each (its parts still sum to its TTFT, its key is what a click opens)."""
+    frame = attribution("big", 30)
+    fig = figures.build_breakdown(frame, max_points=10)
     assert {t.type for t in fig.data} == {"scatter"}
     assert {t.stackgroup for t in fig.data} == {"1"}
-    assert len(fig.data[0].x) == 30
+    assert list(fig.data[0].x) == list(range(0, 30, 3))  # by TTFT: each bin's first rank
+    keys = [c[0] for c in fig.data[0].customdata]
+    slowest_first = frame.sort_values("ttft_ns", ascending=False)["key"].tolist()
+    assert keys == slowest_first[::3]
+    totals = stacked_totals(fig)
+    ttft = frame.set_index("key")["ttft_ns"] / 1e6
+    assert [totals[("x", x)] for x in fig.data[0].x] == pytest.approx(ttft[keys].tolist())
+    assert "each the largest TTFT of its bin" in fig.layout.title.text
+
+
+def test_breakdown_by_arrival_keeps_each_bins_slowest_spike():
+    """Sorted by arrival, a bin is drawn as its slowest request: a spike stays in the picture
+    where every other request is fast."""
+    frame = attribution("big", 40, scale=0.01).sample(frac=1, random_state=5)
+    frame = frame.assign(arrival_ns=range(len(frame)))
+    spike = frame.index[17]  # arrival rank 17: bin 4 of 10 (ranks 16-19)
+    frame.loc[spike, ["storage_read_ns", "ttft_ns"]] += 10**9
+    fig = figures.build_breakdown(frame, sort_by="arrival", max_points=10)
+    assert list(fig.data[0].x)[4] == 17
+    read = next(t for t in fig.data if t.name == "storage_read")
+    assert max(read.y) == pytest.approx(frame.loc[spike, "storage_read_ns"] / 1e6)
+
+
+def test_breakdown_shares_its_points_among_the_runs():
+    frame = pd.concat([attribution(run, 150) for run in ("a", "b", "c")])
+    fig = figures.build_breakdown(frame, max_points=300)  # 100 a run: each binned
+    assert [len(t.x) for t in fig.data if t.name == "queueing"] == [100, 100, 100]
+    few = figures.build_breakdown(frame, max_points=450)  # 150 a run: every request, as bars
+    assert {t.type for t in few.data} == {"bar"}
 
 
 def test_breakdown_is_clicked_in_the_browser_and_not_drag_zoomed_by_default():
     """A click selects the request its unified hover shows (assets/waterfall.js): Plotly emits
     no click (its hover recompute and Dash's clickData would come before the waterfall) and a
-    drag draws no zoom box (it repaints the 10k-point areas before the next frame)."""
-    for bars in (10, 30):
-        fig = figures.build_breakdown(attribution("big", bars), max_bars=20)
+    drag draws no zoom box (it repaints the areas before the next frame)."""
+    for requests in (10, 30):
+        fig = figures.build_breakdown(attribution("big", requests), max_points=20)
         assert fig.layout.hovermode == "x unified"
         assert fig.layout.clickmode == "none" and fig.layout.dragmode is False
         assert fig.data[0].customdata is not None  # the key the hover carries
