@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 # First Party (read_path_stores sits beside this script, on sys.path as the script's folder)
-from read_path_stores import ChunkSet, Store
+from read_path_stores import ChunkSet, CpuMeter, Store
 
 from kvscope.capture.ceiling import read_files
 from kvscope.capture.workload.system import drop_page_cache
@@ -42,7 +42,7 @@ SETS = {
     "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),
     "small": ChunkSet("small", layers=24, kv_heads=2, head_dim=64, count=256),
 }
-SWEEP = [("1MiB", 32), ("1MiB", 64), ("4MiB", 8), ("4MiB", 16), ("8MiB", 16)]
+SWEEP = "1MiB:32,4MiB:8,16MiB:2,16MiB:4,64MiB:2,64MiB:4"
 PLUGIN = {
     "storage_plugin.kvscope.module_path": "kvscope.patched_backend.parallel_disk.backend",
     "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
@@ -62,7 +62,11 @@ def _parse(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--read-unit", default="4MiB")
     parser.add_argument("--queue-depth", type=int, default=32)
     parser.add_argument("--max-inflight", default="128MiB")
-    parser.add_argument("--sweep", action="store_true", help="add kvscope knob variants")
+    parser.add_argument("--sweep", nargs="?", const=SWEEP, default="",
+                        help="add kvscope knob variants, read_unit:queue_depth pairs "
+                        f"(default {SWEEP})")
+    parser.add_argument("--paths", default="",
+                        help="comma list: measure only these paths (stock-serial is always in)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     return parser.parse_args(argv)
 
@@ -90,11 +94,15 @@ def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any
         "kvscope-noverify": (_kvscope(own("kvscope-noverify"), verify_checksum=False, **tuned),
                              "kvscope"),
     }
-    if args.sweep:
-        for unit, depth in SWEEP:
-            label = f"kvscope[{unit},qd{depth}]"
-            paths[label] = (_kvscope(own(label), read_unit=unit, queue_depth=depth,
-                                     max_inflight_bytes="512MiB"), "kvscope")
+    for pair in filter(None, args.sweep.split(",")):
+        unit, depth = pair.split(":")
+        label = f"kvscope[{unit},qd{depth}]"
+        paths[label] = (_kvscope(own(label), read_unit=unit, queue_depth=int(depth),
+                                 max_inflight_bytes="1GiB"), "kvscope")
+    keep = {p.strip() for p in args.paths.split(",") if p.strip()}
+    if keep:
+        paths = {k: v for k, v in paths.items()
+                 if k in keep or k == "stock-serial" or k.startswith("kvscope[")}
     return paths
 
 
@@ -107,13 +115,17 @@ def _link_chunks(source: str, target: str) -> None:
             os.link(os.path.join(source, name), os.path.join(target, name))
 
 
-def _ceiling(files: list[str]) -> float:
-    """GB/s of the better of two raw O_DIRECT QD32 readers (1 MiB, 4 MiB) over ``files``."""
-    best = 0.0
+def _ceiling(files: list[str]) -> tuple[float, float]:
+    """GB/s of the better of two raw O_DIRECT QD32 readers (1 MiB, 4 MiB) over ``files``, and
+    that reader's CPU-seconds per GB."""
+    best, cpu_per_gb = 0.0, 0.0
     for unit in (1 << 20, 4 << 20):
         drop_page_cache()
-        best = max(best, read_files([Path(f) for f in files], unit, 32).bytes_per_s / 1e9)
-    return best
+        with CpuMeter() as meter:
+            got = read_files([Path(f) for f in files], unit, 32)
+        if got.bytes_per_s / 1e9 > best:
+            best, cpu_per_gb = got.bytes_per_s / 1e9, meter.cpu_s / (got.bytes / 1e9)
+    return best, cpu_per_gb
 
 
 def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dict]:
@@ -135,20 +147,29 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
         nbytes = chunk_set.chunk_bytes * chunk_set.count
         gbps: dict[str, list[float]] = {label: [] for label in stores}
         ceiling: dict[str, list[float]] = {label: [] for label in stores}
+        cpu: dict[str, list[float]] = {label: [] for label in stores}  # CPU-s per GB read
+        wait: dict[str, list[float]] = {label: [] for label in stores}  # waiting for a core
+        raw_cpu: list[float] = []  # the ceiling reader's CPU-s per GB
         for rep in range(args.reps):
             for label, store in stores.items():
                 # pair each measurement with a ceiling on the same files, alternating which
                 # goes first: the virtio host's cache then favours neither side
                 first_ceiling = rep % 2 == 0
                 if first_ceiling:
-                    ceiling[label].append(_ceiling(store.files()))
+                    ceiling[label].append(_ceiling(store.files())[0])
                 drop_page_cache()
-                gbps[label].append(nbytes / store.read_all(args.concurrency) / 1e9)
+                with CpuMeter() as meter:
+                    gbps[label].append(nbytes / store.read_all(args.concurrency) / 1e9)
+                cpu[label].append(meter.cpu_s / (nbytes / 1e9))
+                wait[label].append((meter.wait_s or 0.0) / (nbytes / 1e9))
                 if not first_ceiling:
-                    ceiling[label].append(_ceiling(store.files()))
+                    rate, raw = _ceiling(store.files())
+                    ceiling[label].append(rate)
+                    raw_cpu.append(raw)
             print(f"  rep {rep + 1}: " + ", ".join(
-                f"{k} {v[-1]:.2f}/{ceiling[k][-1]:.2f}" for k, v in gbps.items()), flush=True)
-        return {"gbps": gbps, "ceiling": ceiling}
+                f"{k} {v[-1]:.2f}/{ceiling[k][-1]:.2f} ({cpu[k][-1]:.3f} CPU-s/GB)"
+                for k, v in gbps.items()), flush=True)
+        return {"gbps": gbps, "ceiling": ceiling, "cpu": cpu, "wait": wait, "raw_cpu": raw_cpu}
     finally:
         for store in stores.values():
             store.close()
@@ -157,6 +178,7 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
 
 def _table(chunk_set: ChunkSet, measured: dict[str, dict], concurrency: int) -> list[dict]:
     gbps, ceiling = measured["gbps"], measured["ceiling"]
+    cpu, wait = measured["cpu"], measured["wait"]
     serial = gbps["stock-serial"]
     rows = []
     for label, values in gbps.items():
@@ -168,14 +190,21 @@ def _table(chunk_set: ChunkSet, measured: dict[str, dict], concurrency: int) -> 
             "x_ceiling": statistics.median(
                 v / c for v, c in zip(values, ceiling[label], strict=True)),
             "x_stock_serial": statistics.median(v / s for v, s in zip(values, serial, strict=True)),
+            "cpu_s_per_gb": statistics.median(cpu[label]),
+            "core_wait_s_per_gb": statistics.median(wait[label]),
         })
     size = chunk_set.chunk_bytes / 2**20
     print(f"\n{chunk_set.name}: {chunk_set.count} chunks x {size:g} MiB, concurrency {concurrency}"
           f" (medians; x ceiling = median of paired ratios)")
-    print(f"{'path':<22}{'GB/s':>7}{'ceiling GB/s':>14}{'x ceiling':>11}{'x stock-serial':>16}")
+    print(f"{'path':<26}{'GB/s':>7}{'ceiling GB/s':>14}{'x ceiling':>11}{'x stock-serial':>16}"
+          f"{'CPU-s/GB':>10}{'core-wait s/GB':>16}")
     for r in rows:
-        print(f"{r['path']:<22}{r['gbps_median']:>7.2f}{r['ceiling_gbps_median']:>14.2f}"
-              f"{r['x_ceiling']:>11.2f}{r['x_stock_serial']:>16.2f}")
+        print(f"{r['path']:<26}{r['gbps_median']:>7.2f}{r['ceiling_gbps_median']:>14.2f}"
+              f"{r['x_ceiling']:>11.2f}{r['x_stock_serial']:>16.2f}{r['cpu_s_per_gb']:>10.3f}"
+              f"{r['core_wait_s_per_gb']:>16.3f}")
+    if measured["raw_cpu"]:
+        print(f"{'(ceiling reader)':<26}{'':>48}{statistics.median(measured['raw_cpu']):>10.3f}"
+              f"{'-':>16}")
     return rows
 
 

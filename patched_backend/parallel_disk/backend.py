@@ -33,7 +33,7 @@ from lmcache.utils import parse_cache_key
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 # First Party
-from kvscope.patched_backend.parallel_disk import hooks, statsfile
+from kvscope.patched_backend.parallel_disk import handoff, hooks, statsfile
 from kvscope.patched_backend.parallel_disk.buffers import collapse_to_huge_pages, pool_region
 from kvscope.patched_backend.parallel_disk.config import DiskConfig, from_extra_config
 from kvscope.patched_backend.parallel_disk.dirlock import DirectoryLock
@@ -68,6 +68,7 @@ class ParallelDiskBackend(StoragePluginInterface):
             logger.warning("LMCache local_disk is set too: the stock LocalDiskBackend also "
                            "stores every chunk; set only kvscope.path for kvscope alone")
         self.path = self.settings.path
+        self._cpu_tier_caches = bool(getattr(config, "local_cpu", False))
         prepare_private_dir(self.path)
         self._lock = DirectoryLock(self.path).acquire()
         try:
@@ -179,16 +180,30 @@ class ParallelDiskBackend(StoragePluginInterface):
         if rest:
             started = self._reads.start(rest, "sync", request_id, True)
             fresh = [*started.slots(), *[None] * (len(rest) - len(started.entries))]
-            started.batch.wait(_left(deadline))
-        for record in taken.values():
-            record.batch.wait(_left(deadline))
         unclaimed = iter(fresh)  # in key order, so a key named twice gets two slots
         slots = [taken[key].slot if key in taken else next(unclaimed) for key in keys]
+
+        def report_claims() -> None:
+            if taken:
+                self._reads.report_claims([(r.batch, r.slot) for r in taken.values()],
+                                          request_id, claim_ns)
+
+        if self._hands_out():
+            return handoff.hand_out(self._reads, slots, deadline, self.settings.read_timeout_s,
+                                    report_claims)
+        for slot in slots:
+            if slot is not None:
+                slot.chunk.wait(_left(deadline))
         self._reads.expire(slots, self.settings.read_timeout_s)
-        if taken:
-            self._reads.report_claims([(r.batch, r.slot) for r in taken.values()], request_id,
-                                      claim_ns)
+        report_claims()
         return self._reads.settle_slots(slots)
+
+    def _hands_out(self) -> bool:
+        """Whether this get returns chunks still being read (handoff.py): only when asked for,
+        when a consumer in the process waits for each chunk, and when LMCache's CPU tier keeps
+        nothing (it would keep a chunk that later fails)."""
+        return (self.settings.pipeline_transfer and not self._cpu_tier_caches
+                and handoff.consumer_ready())
 
     def batched_get_non_blocking(self, lookup_id: str, keys: list[Hashable],
                                  transfer_spec: Any = None) -> Awaitable[list[Any]]:

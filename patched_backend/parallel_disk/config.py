@@ -136,6 +136,8 @@ class DiskConfig:
     # Stores only, serves no lookup: a second tier writing this format for later servers
     # (the study's shared warm phase) without ever standing in for the tier under study.
     write_only: bool = False
+    # A get hands chunks to the KV transfer before their reads end (handoff.py).
+    pipeline_transfer: bool = True
 
     def __post_init__(self) -> None:
         for name in RANGES:
@@ -158,6 +160,9 @@ class DiskConfig:
         if self.prefetch_on_lookup and self.mode == "serial":
             raise ValueError(f"{PREFIX}prefetch_on_lookup: reads ahead need {PREFIX}mode "
                              "'parallel'; serial mode reads one chunk at a time")
+        if self.pipeline_transfer and self.mode == "serial":
+            raise ValueError(f"{PREFIX}pipeline_transfer: copying chunks while later ones are "
+                             f"read needs {PREFIX}mode 'parallel'")
 
     @property
     def effective_queue_depth(self) -> int:
@@ -223,6 +228,9 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         read_timeout_s=number("read_timeout_s", DEFAULT_READ_TIMEOUT_S, float),
         write_queue_bytes=size("write_queue_bytes", DEFAULT_WRITE_QUEUE_BYTES),
         write_only=write_only,
+        pipeline_transfer=_parse_bool(PREFIX + "pipeline_transfer",
+                                      extra.get(PREFIX + "pipeline_transfer",
+                                                mode == "parallel")),
     )
 
 

@@ -50,6 +50,7 @@ class ChunkRead:
         self.fd = -1
         self._remaining = 0
         self._lock = threading.Lock()
+        self._ready = threading.Event()
 
     def fail(self, reason: str, detail: str) -> None:
         """Record the first failure; the chunk will be a miss."""
@@ -66,6 +67,10 @@ class ChunkRead:
         """(offset, length) of the file bytes the sub-reads cover: the padded payload. Listeners
         map it to disk sectors to tell this chunk's block reads from any other (hooks)."""
         return HEADER_SIZE, padded(self.payload_len)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until this chunk is done (read and verified, or failed); False on timeout."""
+        return self._ready.wait(timeout)
 
     def verify(self, start: int, end: int) -> None:
         """Check the hash of every unverified block lying inside payload bytes [start, end)."""
@@ -127,6 +132,7 @@ class ReadBatch:
     def _chunk_done(self, chunk: ChunkRead) -> None:
         now = time.monotonic_ns()
         chunk.ready_ns = now
+        chunk._ready.set()
         with self._lock:
             if chunk.error is None and self.first_ready_ns < 0:
                 self.first_ready_ns = now
