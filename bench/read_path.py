@@ -93,6 +93,8 @@ def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any
         "kvscope": (_kvscope(own("kvscope"), **tuned), "kvscope"),
         "kvscope-noverify": (_kvscope(own("kvscope-noverify"), verify_checksum=False, **tuned),
                              "kvscope"),
+        # knobs measured at start on its own files (tune.py), beside the hand-set sweep
+        "kvscope-auto": (_kvscope(own("kvscope-auto"), tune="auto"), "kvscope"),
     }
     for pair in filter(None, args.sweep.split(",")):
         unit, depth = pair.split(":")
@@ -102,7 +104,7 @@ def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any
     keep = {p.strip() for p in args.paths.split(",") if p.strip()}
     if keep:
         paths = {k: v for k, v in paths.items()
-                 if k in keep or k == "stock-serial" or k.startswith("kvscope[")}
+                 if k in keep or k in ("stock-serial", "kvscope-auto") or k.startswith("kvscope[")}
     return paths
 
 
@@ -169,7 +171,10 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
             print(f"  rep {rep + 1}: " + ", ".join(
                 f"{k} {v[-1]:.2f}/{ceiling[k][-1]:.2f} ({cpu[k][-1]:.3f} CPU-s/GB)"
                 for k, v in gbps.items()), flush=True)
-        return {"gbps": gbps, "ceiling": ceiling, "cpu": cpu, "wait": wait, "raw_cpu": raw_cpu}
+        knobs = {label: store.manager.storage_backends["kvscope"].stats()
+                 for label, store in stores.items() if store.location == "kvscope"}
+        return {"gbps": gbps, "ceiling": ceiling, "cpu": cpu, "wait": wait, "raw_cpu": raw_cpu,
+                "knobs": knobs}
     finally:
         for store in stores.values():
             store.close()
@@ -205,6 +210,16 @@ def _table(chunk_set: ChunkSet, measured: dict[str, dict], concurrency: int) -> 
     if measured["raw_cpu"]:
         print(f"{'(ceiling reader)':<26}{'':>48}{statistics.median(measured['raw_cpu']):>10.3f}"
               f"{'-':>16}")
+    knobs = measured["knobs"]
+    for label, k in knobs.items():
+        print(f"{label} knobs: read_unit {k['read_unit'] >> 20} MiB, queue_depth "
+              f"{k['queue_depth']}, max_inflight_bytes {k['max_inflight_bytes'] >> 20} MiB")
+    hand = [r for r in rows if r["path"].startswith("kvscope[") or r["path"] == "kvscope"]
+    auto = next((r for r in rows if r["path"] == "kvscope-auto"), None)
+    if auto and hand:
+        best = max(hand, key=lambda r: r["x_ceiling"])
+        print(f"kvscope-auto / best hand-set ({best['path']}): "
+              f"{auto['x_ceiling'] / best['x_ceiling']:.3f} (x ceiling, paired medians)")
     return rows
 
 

@@ -22,6 +22,7 @@ by one server at a time (dirlock.py).
 # Standard
 from typing import Any, Awaitable, Callable, Hashable, List, Optional, Sequence
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -79,6 +80,8 @@ class ParallelDiskBackend(StoragePluginInterface):
         except BaseException:
             self._lock.release()
             raise
+        if self.settings.tune == "auto":
+            self.settings = _tuned(self.settings)
         s = self.settings
         self._engine = IOEngine(s.effective_queue_depth, s.effective_read_unit,
                                 s.max_inflight_bytes, s.read_delay_ms, s.odirect)
@@ -108,6 +111,10 @@ class ParallelDiskBackend(StoragePluginInterface):
             prefetch_held_bytes=self._prefetch.held_bytes() if self._prefetch else 0,
             prefetch_pending=self._prefetch.pending() if self._prefetch else 0,
             write_queued_bytes=self._writer.queued_bytes(),
+            read_unit=self.settings.effective_read_unit or 0,
+            queue_depth=self.settings.effective_queue_depth,
+            max_inflight_bytes=self.settings.max_inflight_bytes, tune=self.settings.tune,
+            pipeline_transfer=self.settings.pipeline_transfer,
         )
 
     def _make_prefetcher(self, allocator_backend: Any) -> Optional[Prefetcher]:
@@ -287,6 +294,26 @@ class ParallelDiskBackend(StoragePluginInterface):
         if result.temp_files_removed:
             logger.warning("kvscope disk: removed %d temporary files of dead writers in %s",
                            result.temp_files_removed, self.path)
+
+
+def _tuned(settings: DiskConfig) -> DiskConfig:
+    """``settings`` with the read knobs measured on this directory's chunk files (tune.py);
+    unchanged, and said so, when there are too few to measure."""
+    from pathlib import Path
+
+    from kvscope.patched_backend.parallel_disk import tune
+
+    files, chunk_bytes = tune.chunk_files(Path(settings.path))
+    if not files:
+        logger.info("kvscope disk: tune auto: under %d MiB of chunks on disk, nothing to "
+                    "measure; knobs as set", tune.MIN_BYTES >> 20)
+        return settings
+    started = time.monotonic()
+    choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.hash_rate())
+    for line in choice.reasons:
+        logger.info("kvscope disk: tune auto: %s", line)
+    logger.info("kvscope disk: tune auto took %.1f s", time.monotonic() - started)
+    return dataclasses.replace(settings, **choice.knobs())
 
 
 def _huge_pool(allocator_backend: Any) -> None:
