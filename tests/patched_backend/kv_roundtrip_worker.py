@@ -44,7 +44,9 @@ class KVRoundTrip:
                 break
             time.sleep(0.1)
         return {
-            "connector": type(engine.gpu_connector).__name__,
+            # the KV connector, inside kvscope's pipelined transfer when that wraps it
+            "connector": type(getattr(engine.gpu_connector, "inner", engine.gpu_connector)).__name__,
+            "pipelined": type(engine.gpu_connector).__name__ == "PipelinedConnector",
             "layer_shape": list(caches[0].shape),
             "block_size": block_size,
             "retrieved": retrieved,

@@ -19,7 +19,8 @@ import torch
 from kvscope.patched_backend.parallel_disk import handoff
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, file_name
 from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector
-from kvscope.testkit.lmcache_harness import CHUNK, HEAD_DIM, HEADS, LAYERS, lmcache_config, metadata
+from kvscope.testkit.lmcache_harness import (CHUNK, HEAD_DIM, HEADS, LAYERS, copy_connector,
+                                             lmcache_config, metadata)
 
 CHUNKS = 4
 
@@ -36,16 +37,6 @@ class _Sink:
 @pytest.fixture
 def engine_factory(tmp_path):
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
-    from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
-
-    class CopyConnector(MockGPUConnector):
-        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-                obj.tensor.copy_(kwargs["kvbuf"][:, :, start:end])
-
-        def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-                kwargs["kvbuf"][:, :, start:end].copy_(obj.tensor)
 
     names: list[str] = []
 
@@ -53,7 +44,7 @@ def engine_factory(tmp_path):
         if names:  # one engine at a time on the directory (it holds the directory's lock)
             LMCacheEngineBuilder.destroy(names.pop())
         meta = metadata()
-        inner = CopyConnector(meta.kv_shape)
+        inner = copy_connector(meta.kv_shape)
         connector = inner if sink is None else PipelinedConnector(inner, sink)
         name = f"kvscope-pipe-{uuid.uuid4().hex[:8]}"
         engine = LMCacheEngineBuilder.get_or_create(

@@ -42,6 +42,8 @@ def test_kv_blocks_round_trip_bit_exact_through_lmcache_disk(twin, profile, twin
     result = _roundtrip(twin_dir(twin), tmp_path, tokens=512, profile=profile)
 
     assert result["connector"] == "CPUPagedKVConnector"
+    # kvscope's profile copies each chunk as soon as it is read (pipelined_connector.py)
+    assert result["pipelined"] == (profile == "kvscope")
     assert result["differs_before"], "destination blocks must start different from the source"
     assert result["retrieved"] == 512
     assert result["equal_after"], f"KV bytes differ after the round trip: {result}"
