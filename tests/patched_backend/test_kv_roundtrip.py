@@ -22,7 +22,9 @@ def _roundtrip(model_dir: Path, tmp_path: Path, tokens: int, profile: str) -> di
     config = profiles.get(profile).lmcache_config(kv_dir)
     (tmp_path / "lmcache.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "LMCACHE_CONFIG_FILE": str(tmp_path / "lmcache.yaml"),
-           "VLLM_CPU_KVCACHE_SPACE": "3", "PYTHONPATH": str(HERE)}
+           "VLLM_CPU_KVCACHE_SPACE": "3",
+           # the worker extension's folder, before the checkout's root (a worktree's kvscope)
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
         [sys.executable, str(HERE / "kv_roundtrip_main.py"), str(model_dir), str(kv_dir),
          str(tokens)], env=env, capture_output=True, text=True, timeout=600,
