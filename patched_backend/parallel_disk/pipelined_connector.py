@@ -10,15 +10,17 @@ byte is verified plus one chunk's copy. Objects that were not handed out (read b
 tier) are copied at once. Everything else is the wrapped connector's.
 
 A chunk that fails after it was handed out is not copied, nor are the chunks after it; their
-tokens go to vLLM as a load error (``LoadErrorSink``), which with ``kv_load_failure_policy:
-recompute`` makes vLLM recompute them, as it does when a retrieve comes back short.
+tokens go to the engine as a load error (``LoadErrorSink``; for vLLM, vllm_cpu/load_errors.py
+through its KV-connector API), which with vLLM's ``kv_load_failure_policy: recompute`` makes it
+recompute them, as it does when a retrieve comes back short. The sink says when it can report
+(``sink_ready``): until then every get blocks until its chunks are read, as before.
 
 ``copies`` holds the last call's copies ((start_ns, end_ns, bytes) each) so a tracer can record
 the transfer without the waits in between (tracer/worker.py).
 """
 
 # Standard
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 import logging
 import time
 
@@ -32,7 +34,7 @@ class PipelinedConnector:
     """Wraps a GPU connector (``GPUConnectorInterface``); see the module docstring."""
 
     def __init__(self, inner: Any, sink: handoff.LoadErrorSink,
-                 sink_ready: Any = None) -> None:
+                 sink_ready: Optional[Callable[[], bool]] = None) -> None:
         self.inner = inner
         self._sink = sink
         self.copies: list[tuple[int, int, int]] = []
@@ -69,41 +71,5 @@ class PipelinedConnector:
                 h.finish()
         if failed_at is not None and not self._sink(kwargs, starts[failed_at], ends[-1]):
             logger.error("kvscope: tokens %d-%d failed to load and could not be reported to "
-                         "vLLM; they hold stale KV", starts[failed_at], ends[-1])
+                         "the engine; they hold stale KV", starts[failed_at], ends[-1])
         return None
-
-
-def vllm_load_errors(kwargs: dict[str, Any], start: int, end: int) -> bool:
-    """Report tokens [start, end) of a retrieve to vLLM as not loaded: their blocks join
-    LMCache's own list of failed blocks (``get_block_ids_with_load_errors``)."""
-    adapter = _lmcache_adapter()
-    slot_mapping = kwargs.get("slot_mapping")
-    if adapter is None or slot_mapping is None:
-        return False
-    slots = slot_mapping[start:end].to("cpu").long()
-    blocks = {int(b) for b in (slots // adapter._block_size).unique().tolist()}
-    adapter._invalid_block_ids.update(blocks)
-    logger.warning("kvscope: request %s: tokens %d-%d failed to load after their copy began; "
-                   "%d blocks reported to vLLM for recompute", kwargs.get("req_id"), start, end,
-                   len(blocks))
-    return True
-
-
-def vllm_can_report() -> bool:
-    """Whether vLLM's LMCache connector (with its failed-block list) is reachable here."""
-    return _lmcache_adapter() is not None
-
-
-def _lmcache_adapter() -> Any:
-    """LMCache's vLLM adapter in this worker (vLLM's connector holds it as ``_lmcache_engine``),
-    or None when there is none or it has no failed-block list."""
-    try:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
-    except ImportError:
-        return None
-    if not has_kv_transfer_group():
-        return None
-    adapter = getattr(get_kv_transfer_group(), "_lmcache_engine", None)
-    if not hasattr(adapter, "_invalid_block_ids") or not hasattr(adapter, "_block_size"):
-        return None
-    return adapter

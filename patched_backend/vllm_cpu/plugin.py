@@ -39,14 +39,16 @@ def register() -> None:
 
 
 def unregister() -> None:
-    """Undo `register` in this process: the factory and the GEMM dispatch are vLLM's again."""
-    from kvscope.patched_backend.vllm_cpu import fp32_gemm
+    """Undo `register` in this process: the factory, the GEMM dispatch and the load-error
+    report are vLLM's again."""
+    from kvscope.patched_backend.vllm_cpu import fp32_gemm, load_errors
 
     _state["armed"] = False
     module = sys.modules.get(_FACTORY.module)
     if module is not None and isinstance(getattr(module, _FACTORY.name), wrapt.ObjectProxy):
         unwrap(module, _FACTORY.name)
     fp32_gemm.unregister()
+    load_errors.uninstall()
 
 
 def _wrap_connector_factory(module: ModuleType) -> None:
@@ -90,10 +92,11 @@ def _lmcache_lacks_vllm_connector(engine: Any) -> bool:
 def _pipelined(connector: Any, config: Any) -> Any:
     """`connector` wrapped in the pipelined transfer when a kvscope tier asks for it."""
     from kvscope.patched_backend.parallel_disk import lmcache_config
-    from kvscope.patched_backend.parallel_disk import pipelined_connector as pipelined
+    from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector
+    from kvscope.patched_backend.vllm_cpu import load_errors
 
     if connector is None or not lmcache_config.pipelines_transfer(config):
         return connector
+    load_errors.install()
     logger.info("kvscope: KV chunks are copied as soon as each one is read (pipeline_transfer)")
-    return pipelined.PipelinedConnector(connector, pipelined.vllm_load_errors,
-                                        pipelined.vllm_can_report)
+    return PipelinedConnector(connector, load_errors.report, load_errors.ready)
