@@ -52,6 +52,21 @@ def test_a_unit_that_falls_short_at_its_depth_is_not_chosen(tmp_path):
     assert choice.read_unit == 16 * MIB
 
 
+def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_path):
+    """Each read takes longer the more are in flight (the device serves only so many at once):
+    Little's law on a read alone (6 readers for 3 MiB) reaches 73 % of the ceiling; the search
+    doubles the depth while the rate grows (12: 92 %, 24: 100 %, 48: no gain) and stops at 24."""
+    def queueing(files, unit, depth):
+        return min(CEILING, depth * unit / ((LATENCY + unit / BANDWIDTH) * (1 + depth / 4)))
+
+    (tmp_path / "a.kvc").write_bytes(b"")
+    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, queueing, VERIFY)
+    assert queueing([], 3 * MIB, 6) < 0.75 * CEILING  # where Little's law alone would stop
+    assert (choice.read_unit, choice.queue_depth) == (3 * MIB, 24)
+    assert "3 MiB by readers (GB/s): 6 1.47, 12 1.83, 24 2.00, 48 2.00" in "\n".join(
+        choice.reasons)
+
+
 def test_auto_with_too_few_chunks_keeps_the_knobs_and_serial_refuses_it(harness):
     h = harness(**{"kvscope.tune": "auto", "kvscope.queue_depth": 7})
     assert h.backend.stats()["queue_depth"] == 7  # nothing on disk to measure
