@@ -10,6 +10,10 @@ Same chunk set for every path, page cache dropped before each measurement (needs
   stock           LMCache LocalDiskBackend, defaults (4 threads, buffered)
   kvscope-serial  ParallelDiskBackend, mode=serial (one chunk at a time, one read per chunk)
   kvscope         ParallelDiskBackend, parallel (knobs below)
+  kvscope-noverify  the same, checksums off (what verifying costs)
+  kvscope-auto    ParallelDiskBackend, knobs measured at start on its files (tune auto);
+                  -noverify: checksums off
+  kvscope[U,qdD]  hand-set knobs (--sweep): auto is printed against the best of them
 
 Chunk sets: ``large`` = Qwen2.5-32B geometry (64 layers, 8 KV heads, head_dim 128, bf16, 256
 tokens = 64 MiB per chunk), ``small`` = Qwen2.5-0.5B geometry (24 layers, 2 KV heads, head_dim
@@ -37,6 +41,7 @@ from read_path_stores import ChunkSet, CpuMeter, Store
 
 from kvscope.capture.ceiling import read_files
 from kvscope.capture.workload.system import drop_page_cache
+from kvscope.patched_backend.parallel_disk.tune import hash_rate
 
 SETS = {
     "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),
@@ -95,6 +100,8 @@ def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any
                              "kvscope"),
         # knobs measured at start on its own files (tune.py), beside the hand-set sweep
         "kvscope-auto": (_kvscope(own("kvscope-auto"), tune="auto"), "kvscope"),
+        "kvscope-auto-noverify": (_kvscope(own("kvscope-auto-noverify"), tune="auto",
+                                           verify_checksum=False), "kvscope"),
     }
     for pair in filter(None, args.sweep.split(",")):
         unit, depth = pair.split(":")
@@ -237,6 +244,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if unknown:
         print(f"ERROR: unknown --sets {unknown}; choose from {', '.join(SETS)}", file=sys.stderr)
         return 2
+    cold, hot = (1e9 / hash_rate(512 << 20, in_cache) for in_cache in (False, True))
+    print(f"verification floor: one XXH3-64 pass over data not in cache {cold:.3f} CPU-s/GB "
+          f"(in cache {hot:.3f}); O_DIRECT data arrives in memory, not in cache", flush=True)
     rows = []
     for name in names:
         print(f"{name}: writing and reading ({args.reps} repetitions)", flush=True)
