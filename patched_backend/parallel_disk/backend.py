@@ -298,7 +298,8 @@ class ParallelDiskBackend(StoragePluginInterface):
 
 def _tuned(settings: DiskConfig) -> DiskConfig:
     """``settings`` with the read knobs measured on this directory's chunk files (tune.py);
-    unchanged, and said so, when there are too few to measure."""
+    unchanged, and said so, when there are too few to measure or the measurement fails (a file
+    system without O_DIRECT, a file removed meanwhile): the tier serves with the knobs as set."""
     from pathlib import Path
 
     from kvscope.patched_backend.parallel_disk import tune
@@ -309,7 +310,12 @@ def _tuned(settings: DiskConfig) -> DiskConfig:
                     "measure; knobs as set", tune.MIN_BYTES >> 20)
         return settings
     started = time.monotonic()
-    choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.hash_rate())
+    try:
+        choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.hash_rate())
+    except OSError:  # a measurement, not a reason to refuse serving
+        logger.warning("kvscope disk: tune auto could not measure %s; knobs as set",
+                       settings.path, exc_info=True)
+        return settings
     for line in choice.reasons:
         logger.info("kvscope disk: tune auto: %s", line)
     logger.info("kvscope disk: tune auto took %.1f s", time.monotonic() - started)

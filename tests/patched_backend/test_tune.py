@@ -52,6 +52,20 @@ def test_a_unit_that_falls_short_at_its_depth_is_not_chosen(tmp_path):
     assert choice.read_unit == 16 * MIB
 
 
+def test_when_no_candidate_reaches_the_ceiling_the_fastest_wins(tmp_path):
+    calls = []
+
+    def behind(files, unit, depth):  # the ceiling, measured first, was a fast moment
+        calls.append(unit)
+        if len(calls) <= len(tune.CEILING_POINTS):
+            return CEILING
+        return min(0.9 * CEILING, _device(files, unit, depth))
+
+    (tmp_path / "a.kvc").write_bytes(b"")
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, behind, VERIFY)
+    assert choice.read_unit == 64 * MIB and "none came within 3%" in choice.reasons[-1]
+
+
 def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_path):
     """Each read takes longer the more are in flight (the device serves only so many at once):
     Little's law on a read alone (6 readers for 3 MiB) reaches 73 % of the ceiling; the search
@@ -65,6 +79,14 @@ def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_p
     assert (choice.read_unit, choice.queue_depth) == (3 * MIB, 24)
     assert "3 MiB by readers (GB/s): 6 1.47, 12 1.83, 24 2.00, 48 2.00" in "\n".join(
         choice.reasons)
+
+
+def test_a_measurement_that_fails_leaves_the_knobs_as_set(harness, monkeypatch, tmp_path, capfd):
+    gone = tmp_path / "gone.kvc"  # listed, then removed before it was read
+    monkeypatch.setattr(tune, "chunk_files", lambda directory: ([gone], 64 * MIB))
+    h = harness(**{"kvscope.tune": "auto", "kvscope.queue_depth": 7})
+    assert h.backend.stats()["queue_depth"] == 7
+    assert "tune auto could not measure" in capfd.readouterr().err  # LMCache's own handler
 
 
 def test_auto_with_too_few_chunks_keeps_the_knobs_and_serial_refuses_it(harness):
