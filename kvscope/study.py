@@ -370,17 +370,17 @@ def ideal_ttft_ratio(run: Path, phase: str, ceiling_bytes_per_s: float) -> float
 def target_rows(runs: dict[str, Path], table: pd.DataFrame) -> pd.DataFrame:
     """Issue 24's targets at c = 8 and 16 for the new path and the one before it, one run."""
     rows = []
-    for row in table[table["profile"].isin([CLASSIC, CANDIDATE])].itertuples():
-        if row.conc not in (8, 16):
+    for row in table[table["profile"].isin([CLASSIC, CANDIDATE])].to_dict("records"):
+        if row["conc"] not in (8, 16):
             continue
-        ttft = ideal_ttft_ratio(runs[row.profile], row.phase, row.ceiling_GBps * 1e9)
+        ttft = ideal_ttft_ratio(runs[row["profile"]], row["phase"], row["ceiling_GBps"] * 1e9)
         rows.append({
-            "profile": row.profile, "conc": row.conc, "ttft_p50_s": row.ttft_p50_s,
-            "read_vs_ceiling": row.read_vs_ceiling, "disk_busy_share": row.disk_busy_share,
+            "profile": row["profile"], "conc": row["conc"], "ttft_p50_s": row["ttft_p50_s"],
+            "read_vs_ceiling": row["read_vs_ceiling"], "disk_busy_share": row["disk_busy_share"],
             "ttft_vs_floor": ttft,
             "met": ", ".join(name for name, ok in (
-                ("read", row.read_vs_ceiling >= TARGET_READ),
-                ("busy", row.disk_busy_share >= TARGET_BUSY),
+                ("read", row["read_vs_ceiling"] >= TARGET_READ),
+                ("busy", row["disk_busy_share"] >= TARGET_BUSY),
                 ("ttft", ttft <= TARGET_TTFT)) if ok) or "none"})
     return pd.DataFrame(rows)
 

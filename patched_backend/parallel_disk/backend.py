@@ -319,7 +319,9 @@ def _tuned(settings: DiskConfig) -> DiskConfig:
     for line in choice.reasons:
         logger.info("kvscope disk: tune auto: %s", line)
     logger.info("kvscope disk: tune auto took %.1f s", time.monotonic() - started)
-    return dataclasses.replace(settings, **choice.knobs())
+    return dataclasses.replace(settings, read_unit=choice.read_unit,
+                               queue_depth=choice.queue_depth,
+                               max_inflight_bytes=choice.max_inflight_bytes)
 
 
 def _huge_pool(allocator_backend: Any) -> None:
