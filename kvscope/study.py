@@ -353,6 +353,8 @@ def ideal_ttft_ratio(run: Path, phase: str, ceiling_bytes_per_s: float) -> float
     from kvscope.analysis import outputs
 
     requests = rundir.read_table(run, "requests")
+    if requests is None:
+        return math.nan
     requests = requests[(requests["phase"] == phase) & (requests["status"] == "ok")]
     if requests.empty or not ceiling_bytes_per_s:
         return math.nan

@@ -192,7 +192,8 @@ class ParallelDiskBackend(StoragePluginInterface):
 
         def report_claims() -> None:
             if taken:
-                self._reads.report_claims([(r.batch, r.slot) for r in taken.values()],
+                self._reads.report_claims([(r.batch, r.slot) for r in taken.values()
+                                           if r.batch is not None and r.slot is not None],
                                           request_id, claim_ns)
 
         if self._hands_out():

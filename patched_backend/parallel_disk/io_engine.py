@@ -106,7 +106,7 @@ class ReadBatch:
         self.tids: set[int] = set()
         self._remaining = len(chunks)
         self._done = threading.Event()
-        self._callbacks: list[Callable[["ReadBatch"], None]] = []
+        self._callbacks: list[Callable[["ReadBatch"], object]] = []
         self._lock = threading.Lock()
         if not chunks:
             self.end_ns = self.submit_ns
@@ -121,7 +121,7 @@ class ReadBatch:
         """True once every chunk is done."""
         return self._done.is_set()
 
-    def add_done_callback(self, fn: Callable[["ReadBatch"], None]) -> None:
+    def add_done_callback(self, fn: Callable[["ReadBatch"], object]) -> None:
         """Call ``fn(batch)`` when done (right away if it already is), in the finishing thread."""
         with self._lock:
             if not self._done.is_set():

@@ -120,7 +120,8 @@ class ReadPath:
         holds their memory objects and frees them itself, so only their outcome is settled.
         """
         results: list[Optional[Any]] = [None] * len(slots)
-        served, ok_bytes, entries = [], 0, []
+        served: list[Hashable] = []
+        ok_bytes, entries = 0, []
         for i, slot in enumerate(slots):
             if slot is None:
                 continue
