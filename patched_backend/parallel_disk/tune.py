@@ -18,7 +18,8 @@ page cache dropped where allowed:
    by more than ``GROWTH`` (up to ``MAX_READERS``): its depth is where the rate stopped growing;
 5. the largest unit within ``TOLERANCE`` of the best rate seen (ceiling or candidate) wins
    (fewer, larger reads: fewer wake-ups and less work per byte), its readers and in-flight bytes
-   with it.
+   with it; when no candidate comes that close to a ceiling measured in a faster moment, the
+   largest unit within ``TOLERANCE`` of the fastest candidate.
 
 Every step is kept as a sentence (``Choice.reasons``) so ``kvscope tune`` can print why. The
 reads are O_DIRECT, so the page cache neither helps them nor needs dropping; a server tunes at
