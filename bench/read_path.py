@@ -10,6 +10,10 @@ Same chunk set for every path, page cache dropped before each measurement (needs
   stock           LMCache LocalDiskBackend, defaults (4 threads, buffered)
   kvscope-serial  ParallelDiskBackend, mode=serial (one chunk at a time, one read per chunk)
   kvscope         ParallelDiskBackend, parallel (knobs below)
+  kvscope-noverify  the same, checksums off (what verifying costs)
+  kvscope-auto    ParallelDiskBackend, knobs measured at start on its files (tune auto);
+                  -noverify: checksums off
+  kvscope[U,qdD]  hand-set knobs (--sweep): auto is printed against the best of them
 
 Chunk sets: ``large`` = Qwen2.5-32B geometry (64 layers, 8 KV heads, head_dim 128, bf16, 256
 tokens = 64 MiB per chunk), ``small`` = Qwen2.5-0.5B geometry (24 layers, 2 KV heads, head_dim
@@ -33,16 +37,17 @@ import sys
 from pathlib import Path
 
 # First Party (read_path_stores sits beside this script, on sys.path as the script's folder)
-from read_path_stores import ChunkSet, Store
+from read_path_stores import ChunkSet, CpuMeter, Store
 
 from kvscope.capture.ceiling import read_files
 from kvscope.capture.workload.system import drop_page_cache
+from kvscope.patched_backend.parallel_disk.tune import hash_rate
 
 SETS = {
     "large": ChunkSet("large", layers=64, kv_heads=8, head_dim=128, count=16),
     "small": ChunkSet("small", layers=24, kv_heads=2, head_dim=64, count=256),
 }
-SWEEP = [("1MiB", 32), ("1MiB", 64), ("4MiB", 8), ("4MiB", 16), ("8MiB", 16)]
+SWEEP = "1MiB:32,4MiB:8,16MiB:2,16MiB:4,64MiB:2,64MiB:4"
 PLUGIN = {
     "storage_plugin.kvscope.module_path": "kvscope.patched_backend.parallel_disk.backend",
     "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
@@ -62,7 +67,11 @@ def _parse(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--read-unit", default="4MiB")
     parser.add_argument("--queue-depth", type=int, default=32)
     parser.add_argument("--max-inflight", default="128MiB")
-    parser.add_argument("--sweep", action="store_true", help="add kvscope knob variants")
+    parser.add_argument("--sweep", nargs="?", const=SWEEP, default="",
+                        help="add kvscope knob variants, read_unit:queue_depth pairs "
+                        f"(default {SWEEP})")
+    parser.add_argument("--paths", default="",
+                        help="comma list: measure only these paths (stock-serial is always in)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     return parser.parse_args(argv)
 
@@ -89,12 +98,20 @@ def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any
         "kvscope": (_kvscope(own("kvscope"), **tuned), "kvscope"),
         "kvscope-noverify": (_kvscope(own("kvscope-noverify"), verify_checksum=False, **tuned),
                              "kvscope"),
+        # knobs measured at start on its own files (tune.py), beside the hand-set sweep
+        "kvscope-auto": (_kvscope(own("kvscope-auto"), tune="auto"), "kvscope"),
+        "kvscope-auto-noverify": (_kvscope(own("kvscope-auto-noverify"), tune="auto",
+                                           verify_checksum=False), "kvscope"),
     }
-    if args.sweep:
-        for unit, depth in SWEEP:
-            label = f"kvscope[{unit},qd{depth}]"
-            paths[label] = (_kvscope(own(label), read_unit=unit, queue_depth=depth,
-                                     max_inflight_bytes="512MiB"), "kvscope")
+    for pair in filter(None, args.sweep.split(",")):
+        unit, depth = pair.split(":")
+        label = f"kvscope[{unit},qd{depth}]"
+        paths[label] = (_kvscope(own(label), read_unit=unit, queue_depth=int(depth),
+                                 max_inflight_bytes="1GiB"), "kvscope")
+    keep = {p.strip() for p in args.paths.split(",") if p.strip()}
+    if keep:
+        paths = {k: v for k, v in paths.items()
+                 if k in keep or k in ("stock-serial", "kvscope-auto") or k.startswith("kvscope[")}
     return paths
 
 
@@ -107,13 +124,17 @@ def _link_chunks(source: str, target: str) -> None:
             os.link(os.path.join(source, name), os.path.join(target, name))
 
 
-def _ceiling(files: list[str]) -> float:
-    """GB/s of the better of two raw O_DIRECT QD32 readers (1 MiB, 4 MiB) over ``files``."""
-    best = 0.0
+def _ceiling(files: list[str]) -> tuple[float, float]:
+    """GB/s of the better of two raw O_DIRECT QD32 readers (1 MiB, 4 MiB) over ``files``, and
+    that reader's CPU-seconds per GB."""
+    best, cpu_per_gb = 0.0, 0.0
     for unit in (1 << 20, 4 << 20):
         drop_page_cache()
-        best = max(best, read_files([Path(f) for f in files], unit, 32).bytes_per_s / 1e9)
-    return best
+        with CpuMeter() as meter:
+            got = read_files([Path(f) for f in files], unit, 32)
+        if got.bytes_per_s / 1e9 > best:
+            best, cpu_per_gb = got.bytes_per_s / 1e9, meter.cpu_s / (got.bytes / 1e9)
+    return best, cpu_per_gb
 
 
 def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dict]:
@@ -135,20 +156,32 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
         nbytes = chunk_set.chunk_bytes * chunk_set.count
         gbps: dict[str, list[float]] = {label: [] for label in stores}
         ceiling: dict[str, list[float]] = {label: [] for label in stores}
+        cpu: dict[str, list[float]] = {label: [] for label in stores}  # CPU-s per GB read
+        wait: dict[str, list[float]] = {label: [] for label in stores}  # waiting for a core
+        raw_cpu: list[float] = []  # the ceiling reader's CPU-s per GB
         for rep in range(args.reps):
             for label, store in stores.items():
                 # pair each measurement with a ceiling on the same files, alternating which
                 # goes first: the virtio host's cache then favours neither side
                 first_ceiling = rep % 2 == 0
                 if first_ceiling:
-                    ceiling[label].append(_ceiling(store.files()))
+                    ceiling[label].append(_ceiling(store.files())[0])
                 drop_page_cache()
-                gbps[label].append(nbytes / store.read_all(args.concurrency) / 1e9)
+                with CpuMeter() as meter:
+                    gbps[label].append(nbytes / store.read_all(args.concurrency) / 1e9)
+                cpu[label].append(meter.cpu_s / (nbytes / 1e9))
+                wait[label].append((meter.wait_s or 0.0) / (nbytes / 1e9))
                 if not first_ceiling:
-                    ceiling[label].append(_ceiling(store.files()))
+                    rate, raw = _ceiling(store.files())
+                    ceiling[label].append(rate)
+                    raw_cpu.append(raw)
             print(f"  rep {rep + 1}: " + ", ".join(
-                f"{k} {v[-1]:.2f}/{ceiling[k][-1]:.2f}" for k, v in gbps.items()), flush=True)
-        return {"gbps": gbps, "ceiling": ceiling}
+                f"{k} {v[-1]:.2f}/{ceiling[k][-1]:.2f} ({cpu[k][-1]:.3f} CPU-s/GB)"
+                for k, v in gbps.items()), flush=True)
+        knobs = {label: store.manager.storage_backends["kvscope"].stats()
+                 for label, store in stores.items() if store.location == "kvscope"}
+        return {"gbps": gbps, "ceiling": ceiling, "cpu": cpu, "wait": wait, "raw_cpu": raw_cpu,
+                "knobs": knobs}
     finally:
         for store in stores.values():
             store.close()
@@ -157,6 +190,7 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
 
 def _table(chunk_set: ChunkSet, measured: dict[str, dict], concurrency: int) -> list[dict]:
     gbps, ceiling = measured["gbps"], measured["ceiling"]
+    cpu, wait = measured["cpu"], measured["wait"]
     serial = gbps["stock-serial"]
     rows = []
     for label, values in gbps.items():
@@ -168,14 +202,31 @@ def _table(chunk_set: ChunkSet, measured: dict[str, dict], concurrency: int) -> 
             "x_ceiling": statistics.median(
                 v / c for v, c in zip(values, ceiling[label], strict=True)),
             "x_stock_serial": statistics.median(v / s for v, s in zip(values, serial, strict=True)),
+            "cpu_s_per_gb": statistics.median(cpu[label]),
+            "core_wait_s_per_gb": statistics.median(wait[label]),
         })
     size = chunk_set.chunk_bytes / 2**20
     print(f"\n{chunk_set.name}: {chunk_set.count} chunks x {size:g} MiB, concurrency {concurrency}"
           f" (medians; x ceiling = median of paired ratios)")
-    print(f"{'path':<22}{'GB/s':>7}{'ceiling GB/s':>14}{'x ceiling':>11}{'x stock-serial':>16}")
+    print(f"{'path':<26}{'GB/s':>7}{'ceiling GB/s':>14}{'x ceiling':>11}{'x stock-serial':>16}"
+          f"{'CPU-s/GB':>10}{'core-wait s/GB':>16}")
     for r in rows:
-        print(f"{r['path']:<22}{r['gbps_median']:>7.2f}{r['ceiling_gbps_median']:>14.2f}"
-              f"{r['x_ceiling']:>11.2f}{r['x_stock_serial']:>16.2f}")
+        print(f"{r['path']:<26}{r['gbps_median']:>7.2f}{r['ceiling_gbps_median']:>14.2f}"
+              f"{r['x_ceiling']:>11.2f}{r['x_stock_serial']:>16.2f}{r['cpu_s_per_gb']:>10.3f}"
+              f"{r['core_wait_s_per_gb']:>16.3f}")
+    if measured["raw_cpu"]:
+        print(f"{'(ceiling reader)':<26}{'':>48}{statistics.median(measured['raw_cpu']):>10.3f}"
+              f"{'-':>16}")
+    knobs = measured["knobs"]
+    for label, k in knobs.items():
+        print(f"{label} knobs: read_unit {k['read_unit'] >> 20} MiB, queue_depth "
+              f"{k['queue_depth']}, max_inflight_bytes {k['max_inflight_bytes'] >> 20} MiB")
+    hand = [r for r in rows if r["path"].startswith("kvscope[") or r["path"] == "kvscope"]
+    auto = next((r for r in rows if r["path"] == "kvscope-auto"), None)
+    if auto and hand:
+        best = max(hand, key=lambda r: r["x_ceiling"])
+        print(f"kvscope-auto / best hand-set ({best['path']}): "
+              f"{auto['x_ceiling'] / best['x_ceiling']:.3f} (x ceiling, paired medians)")
     return rows
 
 
@@ -193,6 +244,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if unknown:
         print(f"ERROR: unknown --sets {unknown}; choose from {', '.join(SETS)}", file=sys.stderr)
         return 2
+    cold, hot = (1e9 / hash_rate(512 << 20, in_cache) for in_cache in (False, True))
+    print(f"verification floor: one XXH3-64 pass over data not in cache {cold:.3f} CPU-s/GB "
+          f"(in cache {hot:.3f}); O_DIRECT data arrives in memory, not in cache", flush=True)
     rows = []
     for name in names:
         print(f"{name}: writing and reading ({args.reps} repetitions)", flush=True)

@@ -5,7 +5,7 @@ The raw device-ceiling reader is kvscope.capture.ceiling."""
 
 # Standard
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 import os
 import threading
 import time
@@ -32,6 +32,40 @@ class ChunkSet:
     @property
     def shape(self) -> torch.Size:
         return torch.Size([2, self.layers, self.tokens, self.kv_heads * self.head_dim])
+
+
+def _run_delays() -> dict[int, int]:
+    """Nanoseconds each thread of this process has spent runnable but waiting for a core
+    (``/proc/self/task/*/schedstat``, second field)."""
+    delays = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                delays[int(tid)] = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return delays
+
+
+class CpuMeter:
+    """CPU this process spent (user + system, every thread) and the time its threads waited
+    for a core, over a ``with`` block. Threads that end inside the block take their waiting
+    with them (the kernel keeps it per thread only): the raw reader's waits are not counted."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.wait_s: Optional[float] = None
+        self._times: Any = None
+        self._delays: dict[int, int] = {}
+
+    def __enter__(self) -> "CpuMeter":
+        self._delays, self._times = _run_delays(), os.times()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        times, delays = os.times(), _run_delays()
+        self.cpu_s = (times.user - self._times.user) + (times.system - self._times.system)
+        self.wait_s = sum(d - self._delays.get(tid, 0) for tid, d in delays.items()) / 1e9
 
 
 class Store:

@@ -17,3 +17,8 @@ DISK_BACKEND_COUNTERS = (
 )
 CORRUPT_BY_REASON = "corrupt_by_reason"  # refused chunk files per reason (sums to corrupt_chunks)
 MISS_BY_REASON = "miss_by_reason"  # reads that missed with the file left indexed, per reason
+# The read knobs a serving backend runs with (set, or chosen by `kvscope.tune: auto`): in its
+# stats and in manifest.disk_backend.read_knobs, so a study shows what each run read with.
+READ_KNOBS = ("mode", "read_unit", "queue_depth", "max_inflight_bytes", "tune",
+              "pipeline_transfer")
+READ_KNOBS_KEY = "read_knobs"

@@ -98,14 +98,21 @@ CPU_ATTENTION_ISA = Surface("vllm.v1.attention.backends.cpu_attn", "_get_attn_is
                             "the CPU attention kernel's KV packing, part of a chunk's layout "
                             "identity (a chunk stored in another packing is refused)")
 CURRENT_CONFIG = Surface("vllm.config", "get_current_vllm_config_or_none", False,
-                         "the block size and cache dtype of the layout identity")
+                         "the block size and cache dtype of the layout identity, and the block "
+                         "size that turns failed tokens into failed blocks")
+LMCACHE_CONNECTOR_LOAD_ERRORS = Surface(
+    "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector",
+    "LMCacheConnectorV1.get_block_ids_with_load_errors", True,
+    "chunks the pipelined transfer gave up on after LMCache counted them read join the blocks "
+    "vLLM's LMCache connector reports as not loaded (the connector API's own method, on the "
+    "connector users name in --kv-transfer-config)")
 
 VLLM = (API_SERVER, ASYNC_LLM_ADD_REQUEST, ASSIGN_REQUEST_ID, PROCESS_OUTPUTS, ABORT_REQUESTS,
         SCHEDULER_ADD_REQUEST, SCHEDULER_SCHEDULE, SCHEDULER_UPDATE, CONNECTOR_METADATA,
         CONNECTOR_LOOKUP, CONNECTOR_BIND, CONNECTOR_START_LOAD, CONNECTOR_WAIT_FOR_SAVE,
         CONNECTOR_FINISH_FORWARD, CONNECTOR_FACTORY, TRANSFER_GROUP, HAS_TRANSFER_GROUP,
         CPU_GEMM_DISPATCH, ONEDNN_SUPPORTED, ONEDNN_CREATE, ONEDNN_MATMUL, CPU_ATTENTION_ISA,
-        CURRENT_CONFIG)
+        CURRENT_CONFIG, LMCACHE_CONNECTOR_LOAD_ERRORS)
 
 _ENGINE = "lmcache.v1.cache_engine"
 _LOCAL_DISK = "lmcache.v1.storage_backend.local_disk_backend"

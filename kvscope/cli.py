@@ -23,6 +23,7 @@ COMMANDS = (
     "kvscope.commands.probe",
     "kvscope.commands.record",
     "kvscope.commands.run",
+    "kvscope.commands.tune",
     "kvscope.commands.whatif",
 )
 

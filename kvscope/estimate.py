@@ -19,6 +19,7 @@ COLD_PHASE_S = 8.6  # a cold phase's fixed part, and per request / concurrency b
 COLD_REQUEST_S = 1.0  # bf16 GEMMs, when a prefill took REFERENCE_PREFILL_S)
 COLD_FLOOR = 0.7  # faster compute shrinks the cold phases this far at most (reads, copies stay)
 CEILING_S = 6.0  # one ceiling sweep (5 measurements, page cache dropped before each)
+TUNE_S = 10.0  # `kvscope.tune: auto` measuring the disk at a server start on stored chunks
 ANALYSIS_S = 10.0  # analysing one run (OTLP spans, attribution, plots)
 BF16_NATIVE_SPEEDUP = 3.0  # bf16-native CPUs prefill this much faster (1.4 s against 4.5 s)
 REFERENCE_PREFILL_S = 13.4  # the AVX2 VM's 1024-token prefill when the cold part was fitted
@@ -82,10 +83,21 @@ def estimate(opts: StudyOptions, gflops: float, native: bool) -> dict[str, float
     scale = prefill_s / REFERENCE_PREFILL_S if opts.model == "qwen2.5-32b" else 1.0
     cold = len(steps) * sum(COLD_PHASE_S + COLD_REQUEST_S * opts.requests / c
                             for c in opts.concurrency) * min(1.0, max(scale, COLD_FLOOR))
-    return {"server starts": len(steps) * SERVER_START_S,
+    tuned = sum(_tunes(s.profile) and "warm" not in s.phases for s in steps)
+    return {"server starts": len(steps) * SERVER_START_S + tuned * TUNE_S,
             "warm phases": warm * opts.requests * prefill_s,
             "cold phases": cold,
             "ceilings and analysis": len(steps) * (2 * CEILING_S + ANALYSIS_S)}
+
+
+def _tunes(profile: str) -> bool:
+    """Whether the profile's disk tier measures its read knobs when its server starts (on the
+    chunks a shared warm phase stored; an empty directory has nothing to measure)."""
+    from kvscope.capture.workload import profiles
+    from kvscope.patched_backend.parallel_disk.config import PREFIX
+
+    config = profiles.get(profile).lmcache_config(Path("/nonexistent"))
+    return (config.get("extra_config") or {}).get(PREFIX + "tune") == "auto"
 
 
 def load_factor(load: float, cpus: int) -> float:

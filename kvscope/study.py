@@ -24,7 +24,7 @@ from kvscope.contract import files, rundir
 from kvscope.capture.workload import profiles
 from kvscope.capture.workload.options import RunOptions
 from kvscope.capture.workload.runner import execute
-from kvscope.study_options import BASELINE, CANDIDATE, StudyOptions
+from kvscope.study_options import BASELINE, CANDIDATE, CLASSIC, StudyOptions
 
 CEILING_BOUND = 0.8  # reads at or above this share of the ceiling: the device limits the gain
 MINOR_SHARE = 0.2  # storage reads below this share of TTFT cannot limit the gain much
@@ -341,6 +341,73 @@ def ceiling_lines(runs: dict[str, Path]) -> list[str]:
     return lines
 
 
+# Issue 24's end-to-end targets at c = 8 and 16: read rate while reading, disk busy share of the
+# read span, TTFT p50 over (bytes the request waited for / ceiling + its own prefill).
+TARGET_READ, TARGET_BUSY, TARGET_TTFT = 0.95, 0.90, 1.2
+
+
+def ideal_ttft_ratio(run: Path, phase: str, ceiling_bytes_per_s: float) -> float:
+    """TTFT p50 over the p50 of each request's floor: the KV bytes of every request whose first
+    token came no later than its own (the worker loads a step's requests before its forward),
+    read at the ceiling, plus its own prefill (without other requests' prefill in its batch)."""
+    from kvscope.analysis import outputs
+
+    requests = rundir.read_table(run, "requests")
+    if requests is None:
+        return math.nan
+    requests = requests[(requests["phase"] == phase) & (requests["status"] == "ok")]
+    if requests.empty or not ceiling_bytes_per_s:
+        return math.nan
+    per_token = rundir.read_manifest(run)["model"]["kv_bytes_per_token"]
+    attribution = outputs.load_attribution(run).set_index("request_id")
+    own_prefill = (attribution["prefill_ns"] - attribution.get("batch_prefill_ns", 0)) / 1e9
+    first = requests["first_token_ns"].to_numpy()
+    kv = requests["cached_tokens"].to_numpy() * per_token
+    floors = [kv[first <= f].sum() / ceiling_bytes_per_s
+              + float(own_prefill.get(rid, 0.0)) for rid, f in
+              zip(requests["request_id"].astype(str), first)]
+    return float(requests["ttft_s"].median() / pd.Series(floors).median())
+
+
+def target_rows(runs: dict[str, Path], table: pd.DataFrame) -> pd.DataFrame:
+    """Issue 24's targets at c = 8 and 16 for the new path and the one before it, one run."""
+    rows = []
+    for row in table[table["profile"].isin([CLASSIC, CANDIDATE])].to_dict("records"):
+        if row["conc"] not in (8, 16):
+            continue
+        ttft = ideal_ttft_ratio(runs[row["profile"]], row["phase"], row["ceiling_GBps"] * 1e9)
+        rows.append({
+            "profile": row["profile"], "conc": row["conc"], "ttft_p50_s": row["ttft_p50_s"],
+            "read_vs_ceiling": row["read_vs_ceiling"], "disk_busy_share": row["disk_busy_share"],
+            "ttft_vs_floor": ttft,
+            "met": ", ".join(name for name, ok in (
+                ("read", row["read_vs_ceiling"] >= TARGET_READ),
+                ("busy", row["disk_busy_share"] >= TARGET_BUSY),
+                ("ttft", ttft <= TARGET_TTFT)) if ok) or "none"})
+    return pd.DataFrame(rows)
+
+
+def knob_lines(runs: dict[str, Path]) -> list[str]:
+    """The read knobs each kvscope run served with: chosen at start (tune auto) or as set."""
+    from kvscope.contract.counters import READ_KNOBS_KEY
+
+    lines = []
+    for profile, run in runs.items():
+        knobs = (rundir.read_manifest(run).get("disk_backend") or {}).get(READ_KNOBS_KEY) or {}
+        if not knobs.get("queue_depth"):
+            continue
+        how = "chosen at start by tune auto" if knobs.get("tune") == "auto" else "as set"
+        unit = int(knobs.get("read_unit") or 0)
+        lines.append(
+            f"- `{profile}` ({knobs.get('mode')}): read unit "
+            + (f"{unit / 2**20:g} MiB" if unit else "one read per chunk")
+            + f", {knobs.get('queue_depth')} readers, "
+            f"{int(knobs.get('max_inflight_bytes') or 0) / 2**20:g} MiB in flight, {how}; "
+            + ("each chunk copied as soon as it is read" if knobs.get("pipeline_transfer")
+               else "a request's chunks copied after all of them are read"))
+    return lines
+
+
 def warm_lines(runs: dict[str, Path]) -> list[str]:
     lines = []
     for profile, run in runs.items():
@@ -378,8 +445,15 @@ def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Pat
         "## Headline (cold phases; seconds, GB/s, per second)", "",
         table.to_markdown(index=False, floatfmt=".3f"), "",
         "## Device ceiling (one per disk)", "", *ceiling_lines(runs), "",
+        "## Read knobs", "", *knob_lines(runs), "",
         "## What limits the gain", "", *[f"- {line}" for line in verdict(table, runs)], "",
     ]
+    targets = target_rows(runs, table)
+    if not targets.empty:
+        lines += [f"## Targets at c = 8 and 16, new path beside the one before it (read >= "
+                  f"{TARGET_READ}x ceiling, disk busy >= {TARGET_BUSY:.0%} of the read span, "
+                  f"TTFT p50 <= {TARGET_TTFT}x the floor: bytes waited for / ceiling + own "
+                  "prefill)", "", targets.to_markdown(index=False, floatfmt=".3f"), ""]
     if warm := warm_lines(runs):
         lines += ["## Warm phases", "", *warm, ""]
     compared = comparisons(runs)

@@ -10,13 +10,15 @@ from kvscope.capture.workload.profiles import PEERS
 
 BASELINE = "kvscope-serial"
 CANDIDATE = "kvscope"
+CLASSIC = "kvscope-classic"  # the parallel path before issue 24, beside the new one
 
 
 @dataclass
 class StudyOptions:
     out: Path
     model: str = "qwen2.5-32b"
-    profiles: list[str] = field(default_factory=lambda: [BASELINE, CANDIDATE, "stock", *PEERS])
+    profiles: list[str] = field(default_factory=lambda: [BASELINE, CLASSIC, CANDIDATE, "stock",
+                                                         *PEERS])
     requests: int = 16
     concurrency: list[int] = field(default_factory=lambda: [1, 8, 16])
     prompt_tokens: int = 1024

@@ -51,6 +51,24 @@ def key(i: int, worker_id: int = 0) -> Any:
     return CacheEngineKey(MODEL, 1, worker_id, 0x1000 + i, torch.bfloat16)
 
 
+def copy_connector(kv_shape: Any) -> Any:
+    """LMCache's MockGPUConnector with its (no-op) copies filled in against a CPU tensor
+    standing in for the paged GPU KV cache (``kvbuf=`` in the store / retrieve kwargs)."""
+    # Third Party
+    from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
+
+    class CopyConnector(MockGPUConnector):
+        def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
+            for obj, start, end in zip(memory_objs, starts, ends, strict=True):
+                obj.tensor.copy_(kwargs["kvbuf"][:, :, start:end])
+
+        def batched_to_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
+            for obj, start, end in zip(memory_objs, starts, ends, strict=True):
+                kwargs["kvbuf"][:, :, start:end].copy_(obj.tensor)
+
+    return CopyConnector(kv_shape)
+
+
 def kv_tensor(seed: int, layers: int = LAYERS, tokens: int = CHUNK) -> torch.Tensor:
     """Deterministic KV_2LTD chunk ``[2, layers, tokens, heads*head_dim]`` (bf16)."""
     gen = torch.Generator().manual_seed(seed)

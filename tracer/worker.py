@@ -152,7 +152,11 @@ on_store = _traced_call(semconv.SPAN_KV_STORE)
 
 
 def on_to_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wraps the LMCache GPU connector's batched_to_gpu: the copy into the paged KV cache."""
+    """Wraps the LMCache GPU connector's batched_to_gpu: the copy into the paged KV cache.
+
+    kvscope's pipelined connector waits for each chunk's reads between its copies and lists
+    the copies it made (`copies`): each is a transfer span of its own, so the waits stay
+    storage-read time."""
     request = current.get()
     if request is None:
         return wrapped(*args, **kwargs)
@@ -160,11 +164,15 @@ def on_to_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     result = wrapped(*args, **kwargs)
     ended = time.monotonic_ns()
     objs = args[0] if args else kwargs.get("memory_objs") or ()
-    spans.record(runtime.get(), semconv.SPAN_KV_TRANSFER, request, started, ended, {
-        semconv.TRANSFER_BYTES: sum(int(o.get_size()) for o in objs),
-        semconv.TRANSFER_KIND: transfer_kind(instance, kwargs),
-        semconv.READ_CHUNKS: len(objs),
-    }, parent=otel_context.get_current())
+    copies = getattr(instance, "copies", None)
+    kind = transfer_kind(instance, kwargs)
+    pieces = ([(s, e, n, 1) for s, e, n in copies] if copies
+              else [(started, ended, sum(int(o.get_size()) for o in objs), len(objs))])
+    for begin, end, nbytes, chunks in pieces:
+        spans.record(runtime.get(), semconv.SPAN_KV_TRANSFER, request, begin, end, {
+            semconv.TRANSFER_BYTES: nbytes, semconv.TRANSFER_KIND: kind,
+            semconv.READ_CHUNKS: chunks,
+        }, parent=otel_context.get_current())
     return result
 
 

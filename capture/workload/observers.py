@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvscope.contract import rundir
+from kvscope.contract.counters import READ_KNOBS_KEY
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR
 from kvscope.patched_backend.parallel_disk import statsfile
 
@@ -57,5 +58,6 @@ class DiskBackendObserver:
         counters = statsfile.totals(self.directory)
         if counters:
             self._by_phase[self._phase] = counters
-            rundir.update_manifest(self.run, "disk_backend",
-                                   {"counters": counters, "by_phase": dict(self._by_phase)})
+            rundir.update_manifest(self.run, "disk_backend", {
+                "counters": counters, "by_phase": dict(self._by_phase),
+                READ_KNOBS_KEY: statsfile.read_knobs(self.directory)})

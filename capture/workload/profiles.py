@@ -105,7 +105,13 @@ PROFILES: dict[str, Profile] = {
         Profile("kvscope-serial", "kvscope's disk backend, one chunk and one read at a time",
                 _kvscope("serial")),
         Profile("kvscope", "kvscope's parallel-read disk backend, reads started at the "
-                "scheduler's lookup (docs/backend.md)", _kvscope("parallel")),
+                "scheduler's lookup, read knobs measured at start (tune auto), each chunk "
+                "copied into the KV cache as soon as it is read (docs/backend.md)",
+                _kvscope("parallel", tune="auto")),
+        Profile("kvscope-classic", "kvscope's parallel reads as before issue 24: 32 readers of "
+                "4 MiB, 128 MiB in flight, a request's chunks copied after all are read",
+                _kvscope("parallel", read_unit="4MiB", queue_depth=32,
+                         max_inflight_bytes="128MiB", pipeline_transfer=False)),
         Profile("kvscope-noprefetch", "kvscope's parallel reads, started only when the worker "
                 "loads (kvscope.prefetch_on_lookup off)",
                 _kvscope("parallel", prefetch_on_lookup=False)),

@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + "\n".join(study.verdict(table, runs)))
     if peers := study.peer_verdicts(table, study.peer_comparisons(runs)):
         print("\nkvscope against the other disk paths:\n" + "\n".join(peers))
+    targets = study.target_rows(runs, table)
+    if not targets.empty:
+        print("\ntargets (read >= 0.95x ceiling, disk busy >= 90 %, TTFT p50 <= 1.2x floor):")
+        print(targets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"\nreport:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "

@@ -22,6 +22,7 @@ by one server at a time (dirlock.py).
 # Standard
 from typing import Any, Awaitable, Callable, Hashable, List, Optional, Sequence
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -33,7 +34,7 @@ from lmcache.utils import parse_cache_key
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 # First Party
-from kvscope.patched_backend.parallel_disk import hooks, statsfile
+from kvscope.patched_backend.parallel_disk import handoff, hooks, statsfile
 from kvscope.patched_backend.parallel_disk.buffers import collapse_to_huge_pages, pool_region
 from kvscope.patched_backend.parallel_disk.config import DiskConfig, from_extra_config
 from kvscope.patched_backend.parallel_disk.dirlock import DirectoryLock
@@ -68,6 +69,7 @@ class ParallelDiskBackend(StoragePluginInterface):
             logger.warning("LMCache local_disk is set too: the stock LocalDiskBackend also "
                            "stores every chunk; set only kvscope.path for kvscope alone")
         self.path = self.settings.path
+        self._cpu_tier_caches = bool(getattr(config, "local_cpu", False))
         prepare_private_dir(self.path)
         self._lock = DirectoryLock(self.path).acquire()
         try:
@@ -78,6 +80,8 @@ class ParallelDiskBackend(StoragePluginInterface):
         except BaseException:
             self._lock.release()
             raise
+        if self.settings.tune == "auto":
+            self.settings = _tuned(self.settings)
         s = self.settings
         self._engine = IOEngine(s.effective_queue_depth, s.effective_read_unit,
                                 s.max_inflight_bytes, s.read_delay_ms, s.odirect)
@@ -107,6 +111,10 @@ class ParallelDiskBackend(StoragePluginInterface):
             prefetch_held_bytes=self._prefetch.held_bytes() if self._prefetch else 0,
             prefetch_pending=self._prefetch.pending() if self._prefetch else 0,
             write_queued_bytes=self._writer.queued_bytes(),
+            read_unit=self.settings.effective_read_unit or 0,
+            queue_depth=self.settings.effective_queue_depth,
+            max_inflight_bytes=self.settings.max_inflight_bytes, tune=self.settings.tune,
+            pipeline_transfer=self.settings.pipeline_transfer,
         )
 
     def _make_prefetcher(self, allocator_backend: Any) -> Optional[Prefetcher]:
@@ -179,16 +187,31 @@ class ParallelDiskBackend(StoragePluginInterface):
         if rest:
             started = self._reads.start(rest, "sync", request_id, True)
             fresh = [*started.slots(), *[None] * (len(rest) - len(started.entries))]
-            started.batch.wait(_left(deadline))
-        for record in taken.values():
-            record.batch.wait(_left(deadline))
         unclaimed = iter(fresh)  # in key order, so a key named twice gets two slots
         slots = [taken[key].slot if key in taken else next(unclaimed) for key in keys]
+
+        def report_claims() -> None:
+            if taken:
+                self._reads.report_claims([(r.batch, r.slot) for r in taken.values()
+                                           if r.batch is not None and r.slot is not None],
+                                          request_id, claim_ns)
+
+        if self._hands_out():
+            return handoff.hand_out(self._reads, slots, deadline, self.settings.read_timeout_s,
+                                    report_claims)
+        for slot in slots:
+            if slot is not None:
+                slot.chunk.wait(_left(deadline))
         self._reads.expire(slots, self.settings.read_timeout_s)
-        if taken:
-            self._reads.report_claims([(r.batch, r.slot) for r in taken.values()], request_id,
-                                      claim_ns)
+        report_claims()
         return self._reads.settle_slots(slots)
+
+    def _hands_out(self) -> bool:
+        """Whether this get returns chunks still being read (handoff.py): only when asked for,
+        when a consumer in the process waits for each chunk, and when LMCache's CPU tier keeps
+        nothing (it would keep a chunk that later fails)."""
+        return (self.settings.pipeline_transfer and not self._cpu_tier_caches
+                and handoff.consumer_ready())
 
     def batched_get_non_blocking(self, lookup_id: str, keys: list[Hashable],
                                  transfer_spec: Any = None) -> Awaitable[list[Any]]:
@@ -272,6 +295,34 @@ class ParallelDiskBackend(StoragePluginInterface):
         if result.temp_files_removed:
             logger.warning("kvscope disk: removed %d temporary files of dead writers in %s",
                            result.temp_files_removed, self.path)
+
+
+def _tuned(settings: DiskConfig) -> DiskConfig:
+    """``settings`` with the read knobs measured on this directory's chunk files (tune.py);
+    unchanged, and said so, when there are too few to measure or the measurement fails (a file
+    system without O_DIRECT, a file removed meanwhile): the tier serves with the knobs as set."""
+    from pathlib import Path
+
+    from kvscope.patched_backend.parallel_disk import tune
+
+    files, chunk_bytes = tune.chunk_files(Path(settings.path))
+    if not files:
+        logger.info("kvscope disk: tune auto: under %d MiB of chunks on disk, nothing to "
+                    "measure; knobs as set", tune.MIN_BYTES >> 20)
+        return settings
+    started = time.monotonic()
+    try:
+        choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.hash_rate())
+    except OSError:  # a measurement, not a reason to refuse serving
+        logger.warning("kvscope disk: tune auto could not measure %s; knobs as set",
+                       settings.path, exc_info=True)
+        return settings
+    for line in choice.reasons:
+        logger.info("kvscope disk: tune auto: %s", line)
+    logger.info("kvscope disk: tune auto took %.1f s", time.monotonic() - started)
+    return dataclasses.replace(settings, read_unit=choice.read_unit,
+                               queue_depth=choice.queue_depth,
+                               max_inflight_bytes=choice.max_inflight_bytes)
 
 
 def _huge_pool(allocator_backend: Any) -> None:

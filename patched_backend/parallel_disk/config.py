@@ -15,6 +15,7 @@ import re
 PREFIX = "kvscope."
 ALIGN = 4096
 MODES = ("parallel", "serial")
+TUNE = ("off", "auto")
 # Test/analysis knob also settable from the server's environment (extra_config wins).
 DELAY_ENV = "KVSCOPE_READ_DELAY_MS"
 
@@ -136,12 +137,21 @@ class DiskConfig:
     # Stores only, serves no lookup: a second tier writing this format for later servers
     # (the study's shared warm phase) without ever standing in for the tier under study.
     write_only: bool = False
+    # A get hands chunks to the KV transfer before their reads end (handoff.py).
+    pipeline_transfer: bool = True
+    # "auto": read_unit, queue_depth and max_inflight_bytes measured at start (tune.py).
+    tune: str = "off"
 
     def __post_init__(self) -> None:
         for name in RANGES:
             check_range(PREFIX + name, name, getattr(self, name))
         if self.mode not in MODES:
             raise ValueError(f"{PREFIX}mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.tune not in TUNE:
+            raise ValueError(f"{PREFIX}tune: {self.tune!r} is not one of {', '.join(TUNE)}")
+        if self.tune == "auto" and self.mode == "serial":
+            raise ValueError(f"{PREFIX}tune: serial mode reads one chunk at a time, one read "
+                             "per chunk: there is nothing to tune")
         if self.read_unit <= 0 or self.read_unit % ALIGN:
             raise ValueError(
                 f"{PREFIX}read_unit: {self.read_unit} must be a positive multiple of {ALIGN} "
@@ -158,6 +168,9 @@ class DiskConfig:
         if self.prefetch_on_lookup and self.mode == "serial":
             raise ValueError(f"{PREFIX}prefetch_on_lookup: reads ahead need {PREFIX}mode "
                              "'parallel'; serial mode reads one chunk at a time")
+        if self.pipeline_transfer and self.mode == "serial":
+            raise ValueError(f"{PREFIX}pipeline_transfer: copying chunks while later ones are "
+                             f"read needs {PREFIX}mode 'parallel'")
 
     @property
     def effective_queue_depth(self) -> int:
@@ -223,6 +236,10 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         read_timeout_s=number("read_timeout_s", DEFAULT_READ_TIMEOUT_S, float),
         write_queue_bytes=size("write_queue_bytes", DEFAULT_WRITE_QUEUE_BYTES),
         write_only=write_only,
+        tune=str(extra.get(PREFIX + "tune", "off")),
+        pipeline_transfer=_parse_bool(PREFIX + "pipeline_transfer",
+                                      extra.get(PREFIX + "pipeline_transfer",
+                                                mode == "parallel")),
     )
 
 

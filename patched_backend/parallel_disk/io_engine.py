@@ -50,6 +50,7 @@ class ChunkRead:
         self.fd = -1
         self._remaining = 0
         self._lock = threading.Lock()
+        self._ready = threading.Event()
 
     def fail(self, reason: str, detail: str) -> None:
         """Record the first failure; the chunk will be a miss."""
@@ -66,6 +67,10 @@ class ChunkRead:
         """(offset, length) of the file bytes the sub-reads cover: the padded payload. Listeners
         map it to disk sectors to tell this chunk's block reads from any other (hooks)."""
         return HEADER_SIZE, padded(self.payload_len)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until this chunk is done (read and verified, or failed); False on timeout."""
+        return self._ready.wait(timeout)
 
     def verify(self, start: int, end: int) -> None:
         """Check the hash of every unverified block lying inside payload bytes [start, end)."""
@@ -101,7 +106,7 @@ class ReadBatch:
         self.tids: set[int] = set()
         self._remaining = len(chunks)
         self._done = threading.Event()
-        self._callbacks: list[Callable[["ReadBatch"], None]] = []
+        self._callbacks: list[Callable[["ReadBatch"], object]] = []
         self._lock = threading.Lock()
         if not chunks:
             self.end_ns = self.submit_ns
@@ -116,7 +121,7 @@ class ReadBatch:
         """True once every chunk is done."""
         return self._done.is_set()
 
-    def add_done_callback(self, fn: Callable[["ReadBatch"], None]) -> None:
+    def add_done_callback(self, fn: Callable[["ReadBatch"], object]) -> None:
         """Call ``fn(batch)`` when done (right away if it already is), in the finishing thread."""
         with self._lock:
             if not self._done.is_set():
@@ -127,6 +132,7 @@ class ReadBatch:
     def _chunk_done(self, chunk: ChunkRead) -> None:
         now = time.monotonic_ns()
         chunk.ready_ns = now
+        chunk._ready.set()
         with self._lock:
             if chunk.error is None and self.first_ready_ns < 0:
                 self.first_ready_ns = now

@@ -24,6 +24,7 @@ Bounds and lifetimes:
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Optional
+import functools
 import logging
 import threading
 import time
@@ -188,9 +189,10 @@ class Prefetcher:
         for record in records:
             if record.slot is None or record.batch is None:
                 continue
-            record.batch.add_done_callback(lambda _b, r=record: self._free(r))
+            record.batch.add_done_callback(functools.partial(self._free, record))
 
-    def _free(self, record: Prefetched) -> None:
+    def _free(self, record: Prefetched, _finished: ReadBatch) -> None:
+        """``record``'s memory and pin back, called with its batch once that has finished."""
         assert record.slot is not None
         record.slot.obj.ref_count_down()
         self._index.unpin_all([record.slot.entry])

@@ -112,31 +112,43 @@ class ReadPath:
         slots[: len(started.entries)] = started.slots()
         return self.settle_slots(slots)
 
-    def settle_slots(self, slots: list[Optional[Slot]]) -> list[Optional[Any]]:
+    def settle_slots(self, slots: list[Optional[Slot]], handed: int = 0) -> list[Optional[Any]]:
         """Served prefix of finished chunk reads (one slot per key, None: not read).
 
-        Releases every slot's pin, and the memory of every slot not served.
+        Releases every slot's pin, and the memory of every slot not served. The first
+        ``handed`` slots were handed out before their reads ended (handoff.py): LMCache already
+        holds their memory objects and frees them itself, so only their outcome is settled.
         """
         results: list[Optional[Any]] = [None] * len(slots)
-        served, ok_bytes, entries = [], 0, []
+        served: list[Hashable] = []
+        ok_bytes, entries = 0, []
         for i, slot in enumerate(slots):
             if slot is None:
                 continue
             entries.append(slot.entry)
             if slot.chunk.error is None and len(served) == i:
-                _restore_metadata(slot.obj, slot.entry)
-                results[i] = slot.obj
+                if i >= handed:
+                    self.restore_metadata(slot)
+                    results[i] = slot.obj
                 served.append(slot.entry.key)
                 ok_bytes += slot.entry.header.payload_len
                 continue
             if slot.chunk.error is not None:
                 self._refuse(slot.entry, slot.chunk.error)
-            _release_when_done(slot)
+            if i >= handed:
+                release_when_done(slot)
         self._index.unpin_all(entries)
         self._index.touch(served)
         self._stats.add(read_hits=len(served), read_bytes=ok_bytes, read_batches=1,
                         read_misses=len(entries) - len(served))
         return results
+
+    @staticmethod
+    def restore_metadata(slot: Slot) -> None:
+        """The chunk's token positions back on its memory object (they are in the header)."""
+        positions = slot.entry.header.cached_positions
+        slot.obj.metadata.cached_positions = (None if positions is None
+                                              else torch.tensor(positions))
 
     @staticmethod
     def expire(slots: list[Optional[Slot]], timeout_s: float) -> None:
@@ -218,7 +230,7 @@ class ReadPath:
             self._dir, entry.header.key, entry.path, reason, detail, at_startup=False))
 
 
-def _release_when_done(slot: Slot) -> None:
+def release_when_done(slot: Slot) -> None:
     """Return an unserved slot's memory now, or once its readers are done with it."""
     if slot.chunk.done:
         slot.obj.ref_count_down()
@@ -249,7 +261,3 @@ def _dtype(name: str) -> torch.dtype:
         raise ValueError(f"chunk header dtype {name!r} is not a torch dtype")
     return dtype
 
-
-def _restore_metadata(obj: Any, entry: Entry) -> None:
-    positions = entry.header.cached_positions
-    obj.metadata.cached_positions = None if positions is None else torch.tensor(positions)

@@ -22,7 +22,7 @@ import time
 
 # First Party
 from kvscope.contract import files, jsonfiles
-from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS
+from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS, READ_KNOBS
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR
 from kvscope.patched_backend.parallel_disk import hooks
 
@@ -135,6 +135,16 @@ def sum_files(processes: list[dict[str, Any]]) -> dict[str, Any]:
             for reason, count in backend.get(CORRUPT_BY_REASON, {}).items():
                 reasons[reason] = reasons.get(reason, 0) + int(count)
     return total
+
+
+def read_knobs(target: Path) -> dict[str, Any]:
+    """The read knobs of the backend that served reads ({} when none did): a write-only tier
+    beside another (the study's warm copy) reads nothing and is skipped."""
+    for process in read_files(target)[0]:
+        for backend in process.get("backends", ()):
+            if backend.get("lookup_hits") or backend.get("read_batches"):
+                return {name: backend.get(name) for name in READ_KNOBS}
+    return {}
 
 
 def wait_for_update(target: Path, since_ns: int, timeout_s: float = 4 * INTERVAL_S) -> bool:

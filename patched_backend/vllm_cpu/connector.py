@@ -110,11 +110,12 @@ class CPUPagedKVConnector(GPUConnectorInterface):
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
         blocks, chunk = self._prepare(memory_obj, start, end, kwargs)
-        # One memcpy per block: index_copy_ on byte rows runs ~9x slower (1.2 vs 11 GB/s here).
-        targets = blocks.tolist()
+        # One memcpy per run of consecutive blocks: index_copy_ on byte rows runs ~9x slower
+        # (1.2 vs 11 GB/s here), and a chunk's blocks are mostly consecutive.
+        runs = _runs(blocks.tolist())
         for layer, view in enumerate(self._block_views):
-            for i, block in enumerate(targets):
-                view[block].copy_(chunk[layer, i])
+            for first, at, count in runs:
+                view[first:first + count].copy_(chunk[layer, at:at + count])
 
     def batched_from_gpu(
         self, memory_objs: Sequence[Any], starts: Sequence[int], ends: Sequence[int], **kwargs: Any
@@ -128,3 +129,15 @@ class CPUPagedKVConnector(GPUConnectorInterface):
     ) -> None:
         for memory_obj, start, end in zip(memory_objs or (), starts or (), ends or (), strict=True):
             self.to_gpu(memory_obj, start, end, **kwargs)
+
+
+def _runs(blocks: list[int]) -> list[tuple[int, int, int]]:
+    """(first block, index in the chunk, count) of each run of consecutive block ids."""
+    runs: list[tuple[int, int, int]] = []
+    for i, block in enumerate(blocks):
+        if runs and runs[-1][0] + runs[-1][2] == block:
+            first, at, count = runs[-1]
+            runs[-1] = (first, at, count + 1)
+        else:
+            runs.append((block, i, 1))
+    return runs

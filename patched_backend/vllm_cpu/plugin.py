@@ -4,8 +4,10 @@ and bf16 linear layers an fp32 GEMM where oneDNN has no bf16 one (fp32_gemm.py, 
 vLLM runs general plugins in every one of its processes. Importing LMCache's connector module
 early breaks vLLM's engine start, so `register()` only arms a post-import hook; the factory is
 wrapped when LMCache itself imports it, inside the worker that builds the connector. The wrapper
-asks LMCache first and steps in only when LMCache has no connector for this device, so on CUDA
-nothing changes.
+asks LMCache first and steps in only when LMCache has no connector for this device. Whichever
+connector it is (kvscope's on CPU, LMCache's on CUDA), it is wrapped in the pipelined transfer
+(parallel_disk/pipelined_connector.py) when the kvscope disk tier is configured with
+`kvscope.pipeline_transfer` (on by default in parallel mode); otherwise nothing else changes.
 """
 
 from __future__ import annotations
@@ -37,14 +39,16 @@ def register() -> None:
 
 
 def unregister() -> None:
-    """Undo `register` in this process: the factory and the GEMM dispatch are vLLM's again."""
-    from kvscope.patched_backend.vllm_cpu import fp32_gemm
+    """Undo `register` in this process: the factory, the GEMM dispatch and the load-error
+    report are vLLM's again."""
+    from kvscope.patched_backend.vllm_cpu import fp32_gemm, load_errors
 
     _state["armed"] = False
     module = sys.modules.get(_FACTORY.module)
     if module is not None and isinstance(getattr(module, _FACTORY.name), wrapt.ObjectProxy):
         unwrap(module, _FACTORY.name)
     fp32_gemm.unregister()
+    load_errors.uninstall()
 
 
 def _wrap_connector_factory(module: ModuleType) -> None:
@@ -54,16 +58,22 @@ def _wrap_connector_factory(module: ModuleType) -> None:
 
 def _create_connector(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> Any:
-    """LMCache's factory first; kvscope's CPU connector only where LMCache has none."""
+    """LMCache's factory first; kvscope's CPU connector only where LMCache has none; either
+    one inside the pipelined transfer when the kvscope tier asks for it."""
     try:
-        return wrapped(*args, **kwargs)
+        connector = wrapped(*args, **kwargs)
     except RuntimeError:
         if not _lmcache_lacks_vllm_connector(_engine_argument(*args, **kwargs)):
             raise
-    from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
+        from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
 
-    logger.info("LMCache has no vLLM connector for CPU; using kvscope's CPU KV connector")
-    return CPUPagedKVConnector.from_metadata(_metadata_argument(*args, **kwargs))
+        logger.info("LMCache has no vLLM connector for CPU; using kvscope's CPU KV connector")
+        connector = CPUPagedKVConnector.from_metadata(_metadata_argument(*args, **kwargs))
+    return _pipelined(connector, _config_argument(*args, **kwargs))
+
+
+def _config_argument(config: Any, *args: Any, **kwargs: Any) -> Any:
+    return config
 
 
 def _engine_argument(config: Any, metadata: Any, engine: Any, *args: Any, **kwargs: Any) -> Any:
@@ -77,3 +87,16 @@ def _metadata_argument(config: Any, metadata: Any, *args: Any, **kwargs: Any) ->
 def _lmcache_lacks_vllm_connector(engine: Any) -> bool:
     return (engine == upstream.ENGINE_TYPE.resolve().VLLM
             and upstream.DEVICE_TYPE.resolve() == "cpu")
+
+
+def _pipelined(connector: Any, config: Any) -> Any:
+    """`connector` wrapped in the pipelined transfer when a kvscope tier asks for it."""
+    from kvscope.patched_backend.parallel_disk import lmcache_config
+    from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector
+    from kvscope.patched_backend.vllm_cpu import load_errors
+
+    if connector is None or not lmcache_config.pipelines_transfer(config):
+        return connector
+    load_errors.install()
+    logger.info("kvscope: KV chunks are copied as soon as each one is read (pipeline_transfer)")
+    return PipelinedConnector(connector, load_errors.report, load_errors.ready)

@@ -119,12 +119,14 @@ def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(thr
 def test_the_stock_run_warms_for_the_whole_study(tmp_path):
     opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
     steps = study.plan(opts)
-    assert [s.profile for s in steps] == ["stock", study_options.BASELINE, study_options.CANDIDATE,
-                                          "raw-block-posix", "raw-block-io_uring", "fs"]
-    stock, serial, parallel, posix, uring, fs = steps
+    assert [s.profile for s in steps] == ["stock", study_options.BASELINE, study_options.CLASSIC,
+                                          study_options.CANDIDATE, "raw-block-posix",
+                                          "raw-block-io_uring", "fs"]
+    stock, serial, classic, parallel, posix, uring, fs = steps
+    kvscope = (serial, classic, parallel)
     assert stock.phases == ["warm", "cold"] and stock.warm_from is None
     assert stock.copy_dir is not None and stock.copy_dir != stock.kv_dir
-    for step in (serial, parallel):  # cold only, each in its own server, on the copy
+    for step in kvscope:  # cold only, each in its own server, on the copy
         assert step.phases == ["cold"] and step.warm_from == "stock"
         assert step.kv_dir == stock.copy_dir and step.copy_dir is None
     # each peer format is written once by stock's server, read cold in a server of its own
@@ -135,7 +137,8 @@ def test_the_stock_run_warms_for_the_whole_study(tmp_path):
         assert step.phases == ["cold"] and step.warm_from == "stock" and not step.peer_copies
     assert len({stock.kv_dir, stock.copy_dir, *stock.peer_copies.values()}) == 4
     assert study.warm_group("stock") is None
-    assert study.warm_group(study_options.BASELINE) == study.warm_group(study_options.CANDIDATE) is not None
+    assert (study.warm_group(study_options.BASELINE) == study.warm_group(study_options.CLASSIC)
+            == study.warm_group(study_options.CANDIDATE) is not None)
     apart = study.plan(study_options.StudyOptions(out=tmp_path / "s", share_warm=False))
     assert all(s.phases == ["warm", "cold"] and s.copy_dir is None for s in apart)
     assert [s.profile for s in apart] == opts.profiles

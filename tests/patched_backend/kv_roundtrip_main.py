@@ -10,7 +10,7 @@ import sys
 import time
 
 
-def main(model_dir: str, kv_dir: str, num_tokens: int) -> None:
+def main(model_dir: str, kv_dir: str, num_tokens: int, late_failure: bool) -> None:
     from vllm import LLM, SamplingParams
 
     from kvscope.capture.workload import profiles
@@ -27,6 +27,12 @@ def main(model_dir: str, kv_dir: str, num_tokens: int) -> None:
     miss = llm.generate([prompt], params)[0]
     time.sleep(3)  # let the asynchronous store reach the disk
     hit = llm.generate([prompt], params)[0]
+    if late_failure:  # the first chunk fails its check while it is read: vLLM recomputes it
+        llm.collective_rpc("kvscope_corrupt_first_chunk", args=(prompt["prompt_token_ids"],))
+        failed = llm.generate([prompt], params)[0]
+        result.update(failed_tokens=list(failed.outputs[0].token_ids),
+                      failed_logprobs=_first_logprobs(failed),
+                      reported_blocks=llm.collective_rpc("kvscope_reported_blocks")[0])
     result.update(
         disk_stats=llm.collective_rpc("kvscope_disk_stats")[0],
         miss_tokens=list(miss.outputs[0].token_ids), hit_tokens=list(hit.outputs[0].token_ids),
@@ -41,4 +47,4 @@ def _first_logprobs(output) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "late-failure")

@@ -44,13 +44,41 @@ class KVRoundTrip:
                 break
             time.sleep(0.1)
         return {
-            "connector": type(engine.gpu_connector).__name__,
+            # the KV connector, inside kvscope's pipelined transfer when that wraps it
+            "connector": type(getattr(engine.gpu_connector, "inner", engine.gpu_connector)).__name__,
+            "pipelined": type(engine.gpu_connector).__name__ == "PipelinedConnector",
             "layer_shape": list(caches[0].shape),
             "block_size": block_size,
             "retrieved": retrieved,
             "differs_before": differs_before,
             "equal_after": all(torch.equal(r[src], r[dst]) for r in raw),
         }
+
+    def kvscope_corrupt_first_chunk(self, token_ids: list[int]) -> str:
+        """Flip one payload byte of the chunk file holding the first chunk of `token_ids`: its
+        XXH3 check fails when it is next read. Returns the file's path."""
+        import os
+
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, file_name
+        from kvscope.patched_backend.parallel_disk import hooks
+
+        engine = get_kv_transfer_group()._lmcache_engine.lmcache_engine
+        _, _, key = next(iter(engine.token_database.process_tokens(torch.tensor(token_ids))))
+        path = os.path.join(hooks.live_backends()[0].path, file_name(key.to_string()))
+        with open(path, "r+b") as f:
+            f.seek(HEADER_SIZE + 12345)
+            byte = f.read(1)
+            f.seek(HEADER_SIZE + 12345)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        return path
+
+    def kvscope_reported_blocks(self) -> int:
+        """Blocks kvscope reported to vLLM as load errors (vllm_cpu/load_errors.py)."""
+        from kvscope.patched_backend.vllm_cpu import load_errors
+
+        return load_errors.reported_blocks()
 
     def kvscope_disk_stats(self) -> dict:
         """Counters of the kvscope disk backend in this worker ({} on the stock backend)."""

@@ -13,27 +13,17 @@ import pytest
 import torch
 
 # First Party
-from kvscope.testkit.lmcache_harness import CHUNK, lmcache_config, metadata
+from kvscope.testkit.lmcache_harness import CHUNK, copy_connector, lmcache_config, metadata
 
 
 def _engine(path, **knobs):
     # Third Party
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
-    from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
-
-    class CopyConnector(MockGPUConnector):
-        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-                obj.tensor.copy_(kwargs["kvbuf"][:, :, start:end])
-
-        def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-                kwargs["kvbuf"][:, :, start:end].copy_(obj.tensor)
 
     meta = metadata()
     name = f"kvscope-test-{uuid.uuid4().hex[:8]}"
     engine = LMCacheEngineBuilder.get_or_create(
-        name, lmcache_config(path, **knobs), meta, CopyConnector(meta.kv_shape),
+        name, lmcache_config(path, **knobs), meta, copy_connector(meta.kv_shape),
         lambda tensor, src: None, lambda obj, src: obj)
     engine.post_init()
     return name, engine

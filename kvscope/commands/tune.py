@@ -1,0 +1,42 @@
+"""`kvscope tune --kv-dir DIR`: the read knobs for a disk, measured, with the reasoning printed.
+
+The same measurement `kvscope.tune: auto` makes when a server starts (patched_backend/
+parallel_disk/tune.py): the device's ceiling, each read unit's service time alone, Little's law
+for the reads that must be in flight, each candidate checked at its depth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="measure a KV directory's disk and choose the backend's read knobs",
+        epilog="example: kvscope tune --kv-dir /mnt/nvme/kvscope   (prints the extra_config keys)")
+    parser.add_argument("--kv-dir", required=True,
+                        help="a directory of kvscope chunk files (*.kvc) on the disk to tune for")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvscope.patched_backend.parallel_disk import tune
+
+    files, chunk_bytes = tune.chunk_files(Path(args.kv_dir))
+    if not files:
+        print(f"kvscope tune: {args.kv_dir} holds under {tune.MIN_BYTES >> 20} MiB of chunk "
+              "files (*.kvc); run a warm phase into it first (kvscope run --phases warm "
+              "--keep-kv --kv-dir ...)", file=sys.stderr)
+        return 2
+    print(f"kvscope tune: {len(files)} chunk files of {chunk_bytes / 2**20:g} MiB in "
+          f"{args.kv_dir}, read O_DIRECT")
+    choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.hash_rate())
+    for line in choice.reasons:
+        print(f"  {line}")
+    print("extra_config:")
+    for name, value in choice.knobs().items():
+        print(f"  kvscope.{name}: {value}")
+    return 0

