@@ -108,15 +108,22 @@ def make(spec: TwinSpec, directory: str | Path) -> tuple[Path, bool]:
     directory = Path(directory)
     if is_made(spec, directory):
         return directory, False
-    if directory.exists() and any(directory.iterdir()) and not (directory / MARKER).exists():
-        raise FileExistsError(
-            f"{directory} exists and is not a kvscope twin; pick an empty or new directory"
-        )
-    directory.mkdir(parents=True, exist_ok=True)
-    _write_tokenizer(spec, directory)
-    _write_weights(spec, directory)
-    marker = {"fingerprint": spec.fingerprint(), "spec": asdict(spec)}
-    files.atomic_write(directory / MARKER, json.dumps(marker, indent=2), files.OUTPUT_FILE_MODE)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes asking for the same twin (parallel tests, two demos) take turns: the second
+    # finds it made instead of rewriting files the first one's server may be reading.
+    with files.locked(directory.parent / f".{directory.name}.lock"):
+        if is_made(spec, directory):
+            return directory, False
+        if directory.exists() and any(directory.iterdir()) and not (directory / MARKER).exists():
+            raise FileExistsError(
+                f"{directory} exists and is not a kvscope twin; pick an empty or new directory"
+            )
+        directory.mkdir(exist_ok=True)
+        _write_tokenizer(spec, directory)
+        _write_weights(spec, directory)
+        marker = {"fingerprint": spec.fingerprint(), "spec": asdict(spec)}
+        files.atomic_write(directory / MARKER, json.dumps(marker, indent=2),
+                           files.OUTPUT_FILE_MODE)
     return directory, True
 
 

@@ -23,6 +23,7 @@ and the fix. This module imports nothing of kvscope: every room uses it.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
@@ -191,6 +192,27 @@ def atomic_writer(path: str | os.PathLike[str], mode: int = PRIVATE_FILE_MODE) -
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def locked(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (made 0600 if missing) for the block: the
+    writers of one shared thing take turns. The lock file is opened without following a link
+    and without truncating: whatever was planted in its place is refused, never written."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     PRIVATE_FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"{path} is a symbolic link; kvscope opens no lock through a link: "
+                             f"remove it after checking who planted it") from None
+        raise
+    with os.fdopen(fd, "r+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str,

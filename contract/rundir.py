@@ -8,11 +8,9 @@ each table's required columns as a pyarrow schema, checked against a parquet fil
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -126,24 +124,13 @@ def table_path(run: Path, name: str) -> Path:
 
 @contextmanager
 def _locked(run: Path) -> Iterator[None]:
-    """Serialise read-modify-write of shared files across the producer processes. The lock
-    file is opened without following a link and without truncating: whatever was planted in
-    its place is refused, never written through."""
-    path = Path(run) / ".lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     files.PRIVATE_FILE_MODE)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise RunDirError(f"{path} is a symbolic link; kvscope opens no lock through a "
-                              "link: remove it after checking who planted it") from None
-        raise
-    with os.fdopen(fd, "r+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """Serialise read-modify-write of shared files across the producer processes."""
+    with ExitStack() as held:
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            held.enter_context(files.locked(Path(run) / ".lock"))
+        except files.UnsafePath as e:
+            raise RunDirError(str(e)) from None
+        yield
 
 
 def create(run: Path, manifest: dict[str, Any]) -> Path:

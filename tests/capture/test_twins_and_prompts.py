@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -40,6 +42,19 @@ def test_twin_is_deterministic_and_reused(tmp_path):
     assert _digest(first) == _digest(second)
     config = json.loads((first / "config.json").read_text())
     assert config["num_key_value_heads"] == 2 and config["head_dim"] == 64
+
+
+def test_two_processes_asking_for_one_twin_make_it_once(tmp_path):
+    """Parallel test workers (and two demos) ask for the same twin at once: one writes it, the
+    other waits and reuses it, never rewriting files a server may already be reading."""
+    code = ("import sys; from kvscope.capture import twins; "
+            "print(twins.make(twins.get('tiny'), sys.argv[1])[1])")
+    makers = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "tiny")],
+                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    made = sorted(p.communicate(timeout=300)[0].strip() for p in makers)
+    assert [p.returncode for p in makers] == [0, 0]
+    assert made == ["False", "True"]
+    assert twins.is_made(twins.get("tiny"), tmp_path / "tiny")
 
 
 def test_twin_refuses_a_foreign_directory(tmp_path):
