@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from kvscope.contract import files
 from kvscope.tracer import config, failsafe
 from kvscope.tracer.fileexport import OtlpJsonFileExporter
+from kvscope.tracer.ids import ProcessIdGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +319,8 @@ def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) 
     counters = Counters()
     resource = Resource.create({"service.name": cfg.service_name or service_name,
                                 "process.pid": os.getpid()})
-    provider = TracerProvider(resource=resource, sampler=cfg.sampler())
+    provider = TracerProvider(resource=resource, sampler=cfg.sampler(),
+                              id_generator=ProcessIdGenerator())
     pipe = Pipeline(provider, counters, cfg)
     if cfg.spans_dir is not None:
         pipe.stats_file = StatsFile(cfg.spans_dir, prefix)

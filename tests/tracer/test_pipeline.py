@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import stat
 import threading
 import time
@@ -21,6 +23,7 @@ from kvscope.analysis import otlp
 from kvscope.tracer import config, failsafe, pipeline
 from kvscope.contract import otlp_json, semconv
 from kvscope.tracer.fileexport import OtlpJsonFileExporter, span_file
+from kvscope.tracer.ids import ProcessIdGenerator
 from kvscope.tracer.run import summarize_stats
 from kvscope.tracer.runtime import Runtime
 
@@ -241,6 +244,34 @@ def test_a_process_that_sets_tracing_up_again_keeps_every_earlier_batch(tmp_path
             [0]["spanId"] for n in names}
     assert kept == {otlp_json.hex_of(s.context.span_id, otlp_json.SPAN_ID_BYTES)
                     for s in (first, second)}
+
+
+def test_ids_are_the_processs_own_whatever_seeds_the_global_random():
+    """vLLM seeds `random` alike in every process it starts (and so do tests): with the SDK's
+    default generator two such processes drew the same span ids, one trace then holding two
+    spans of one id. Seeding the global stream alike twice must not repeat an id."""
+    drawn = []
+    for _ in range(2):
+        random.seed(0)
+        rt = _runtime({})
+        span = rt.tracer.start_span("s")
+        span.end()
+        drawn.append((span.context.trace_id, span.context.span_id))
+    assert drawn[0] != drawn[1]
+
+
+def test_a_forked_child_draws_other_ids_than_its_parent():
+    generator = ProcessIdGenerator()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: send its first span id, then leave without pytest's teardown
+        os.write(write_end, generator.generate_span_id().to_bytes(8, "big"))
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    child_id = int.from_bytes(os.read(read_end, 8), "big")
+    os.close(read_end)
+    assert child_id != generator.generate_span_id()
 
 
 def test_stats_carry_the_processes_kvscope_errors(tmp_path):
