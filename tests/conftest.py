@@ -95,12 +95,6 @@ def shared_tmp():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Live tests first (in their files' order): `make test`'s two workers then share out the
-    long files at the start and end together, not one worker on a long file at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("live") is None)
-
-
 _seconds_by_room: dict[str, float] = {}
 
 
