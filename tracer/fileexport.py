@@ -100,11 +100,6 @@ def _flags(parent: SpanContext | None) -> int:
     return _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
 
 
-# One numbering per process, not per exporter: a process that sets up tracing again (the client,
-# once per phase) must not reuse a name and replace the batch written before.
-_BATCH_NUMBERS = itertools.count()
-
-
 class OtlpJsonFileExporter(SpanExporter):
     """Writes `<prefix>-<pid>-<n>.json` per export call into `directory`, made or checked
     private (contract.files) before each write: one that fails the rule fails the export."""
@@ -112,11 +107,12 @@ class OtlpJsonFileExporter(SpanExporter):
     def __init__(self, directory: str | os.PathLike, prefix: str) -> None:
         self.directory = Path(directory)
         self.prefix = prefix
+        self._sequence = itertools.count()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        name = f"{self.prefix}-{os.getpid()}-{next(_BATCH_NUMBERS):05d}.json"
+        name = f"{self.prefix}-{os.getpid()}-{next(self._sequence):05d}.json"
         files.private_dir(self.directory)
         files.atomic_write(self.directory / name, span_file(spans))
         return SpanExportResult.SUCCESS

@@ -231,21 +231,6 @@ def test_the_spans_directory_is_made_private_at_start_up_and_by_the_exporter(tmp
         OtlpJsonFileExporter(tmp_path / "open", "x").export([span])
 
 
-def test_a_process_that_sets_tracing_up_again_keeps_every_earlier_batch(tmp_path):
-    """The client sets tracing up once per phase: a second exporter of the same prefix in the
-    same process writes new files beside the first one's, never over them."""
-    rt = _runtime({})
-    first, second = _emit(rt, 2)
-    for span in (first, second):
-        assert OtlpJsonFileExporter(tmp_path, "client").export([span]) is SpanExportResult.SUCCESS
-    names = sorted(p.name for p in tmp_path.glob("client-*.json"))
-    assert len(names) == 2, names
-    kept = {json.loads((tmp_path / n).read_text())["resourceSpans"][0]["scopeSpans"][0]["spans"]
-            [0]["spanId"] for n in names}
-    assert kept == {otlp_json.hex_of(s.context.span_id, otlp_json.SPAN_ID_BYTES)
-                    for s in (first, second)}
-
-
 def test_ids_are_the_processs_own_whatever_seeds_the_global_random():
     """vLLM seeds `random` alike in every process it starts (and so do tests): with the SDK's
     default generator two such processes drew the same span ids, one trace then holding two
