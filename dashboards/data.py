@@ -11,7 +11,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, cast
 
 import numpy as np
 import pandas as pd
@@ -55,8 +55,9 @@ class RunData:
 
     @functools.cached_property
     def spans_by_request(self) -> dict[str, np.ndarray]:
-        positions = self.run.spans.groupby("request_id", sort=False).indices
-        return {str(request): np.asarray(rows) for request, rows in positions.items()}
+        # pandas-stubs type the keys as Hashable; request ids are strings (contract.spantable)
+        return cast(dict[str, np.ndarray],
+                    self.run.spans.groupby("request_id", sort=False).indices)
 
     @functools.cached_property
     def kv_depth(self) -> pd.DataFrame:
