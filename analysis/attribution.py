@@ -89,7 +89,6 @@ def attribute_tables(requests: pd.DataFrame, all_spans: pd.DataFrame, block_io: 
     spans = _labelled_spans(all_spans, key_of)
     worker = batch.worker_spans(all_spans, key_of, n)
     reads = spans[spans["label"] == CODE["storage_read"]]
-    reads = _with_join_dicts(reads)
     io = blockjoin.join(reads, block_io)
     arrival = requests["arrival_ns"].to_numpy(np.int64)
     first = requests["first_token_ns"].to_numpy(np.int64)
@@ -111,18 +110,6 @@ def attribute_tables(requests: pd.DataFrame, all_spans: pd.DataFrame, block_io: 
     frame["partial"], frame["diagnostics"] = diagnostics.describe(facts, skew_tolerance_ns,
                                                                   have_block_io)
     return frame
-
-
-def _with_join_dicts(reads: pd.DataFrame) -> pd.DataFrame:
-    """`reads` with the attribute dicts blockjoin reads (reader tids, chunk windows and disk
-    extents), built from their typed columns when the spans came from the span table (a dict
-    per read, not per span)."""
-    if "attributes" in reads:
-        return reads
-    columns = {key: spantable.values(reads, key) for key in blockjoin.ATTRIBUTE_KEYS}
-    dicts = [{key: v[i] for key, v in columns.items() if v[i] is not None}
-             for i in range(len(reads))]
-    return reads.assign(attributes=pd.Series(dicts, index=reads.index, dtype=object))
 
 
 def _key_of(requests: pd.DataFrame) -> pd.Series:
@@ -240,7 +227,7 @@ def _frame(requests: pd.DataFrame, out: dict[str, np.ndarray], spans: pd.DataFra
         values[failed] = pd.NA
         frame[column] = values
     reads = spans[spans["label"] == CODE["storage_read"]]
-    read_bytes = [v or 0 for v in spantable.values(reads, semconv.READ_BYTES)]
+    read_bytes = spantable.arrow(reads, semconv.READ_BYTES).fill_null(0).to_numpy()
     frame["read_bytes"] = np.bincount(reads["key"].to_numpy(), weights=read_bytes,
                                       minlength=n).astype(np.int64)
     frame["block_io_count"] = np.bincount(io["key"].to_numpy(), minlength=n).astype(np.int64)

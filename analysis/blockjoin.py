@@ -17,18 +17,15 @@ ambiguous: spans of one thread overlapped).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from kvscope.analysis import spantable
 from kvscope.contract import semconv
 
 JOINED_COLUMNS = ("key", "start_ns", "issue_ns", "complete_ns", "bytes", "ambiguous", "method")
-# The storage.read attributes the join reads.
-ATTRIBUTE_KEYS = (semconv.READER_TIDS, semconv.READ_DEVICE, semconv.READ_CHUNK_SUBMIT_NS,
-                  semconv.READ_CHUNK_READY_NS, semconv.READ_EXTENT_CHUNK,
-                  semconv.READ_EXTENT_START, semconv.READ_EXTENT_END)
 LOCATION, THREAD_WINDOW = "location", "thread_window"
 SECTOR = 512
 _OPEN_END = np.iinfo(np.int64).max
@@ -37,14 +34,17 @@ _OPEN_END = np.iinfo(np.int64).max
 def reader_windows(reads: pd.DataFrame) -> pd.DataFrame:
     """One row per (storage.read span, reader tid): key, tid, win_start, win_end, overlapped.
 
-    `reads` has columns key, start_ns, end_ns, attributes. `overlapped` marks a window that
-    opened while an earlier window of the same thread was still open: I/O in it is ambiguous.
+    `reads` has columns key, start_ns, end_ns, and the attributes (an `attributes` dict per
+    span, or the span table's typed columns). `overlapped` marks a window that opened while an
+    earlier window of the same thread was still open: I/O in it is ambiguous.
     """
-    tids = [_tid_list(a.get(semconv.READER_TIDS)) for a in reads["attributes"]]
-    windows = pd.DataFrame({"key": reads["key"].to_numpy(), "tid": tids,
-                            "win_start": reads["start_ns"].to_numpy(),
-                            "win_end": reads["end_ns"].to_numpy()})
-    windows = windows.explode("tid").dropna(subset=["tid"]).astype({"tid": "int64"})
+    tids, span, _ = _elements(reads, semconv.READER_TIDS)
+    known = tids.is_valid().to_numpy(zero_copy_only=False)
+    span = span[known]
+    windows = pd.DataFrame({"key": reads["key"].to_numpy()[span],
+                            "tid": _ints(tids)[known],
+                            "win_start": reads["start_ns"].to_numpy()[span],
+                            "win_end": reads["end_ns"].to_numpy()[span]})
     windows = windows.sort_values(["tid", "win_start"], kind="stable")
     latest_end = windows.groupby("tid")["win_end"].cummax()
     previous_end = latest_end.groupby(windows["tid"]).shift(1)
@@ -54,44 +54,92 @@ def reader_windows(reads: pd.DataFrame) -> pd.DataFrame:
 
 def chunk_extents(reads: pd.DataFrame) -> pd.DataFrame:
     """One row per disk extent of a chunk read: key, span (row of `reads`), device,
-    first_sector, end_sector, win_start, win_end (win_end int64 max: never finished)."""
-    rows = []
-    for span, (key, attrs) in enumerate(zip(reads["key"].to_numpy(), reads["attributes"])):
-        owners = attrs.get(semconv.READ_EXTENT_CHUNK) or []
-        if not owners:
-            continue
-        submit = attrs.get(semconv.READ_CHUNK_SUBMIT_NS) or []
-        ready = attrs.get(semconv.READ_CHUNK_READY_NS) or []
-        for chunk, first, end in zip(owners, attrs.get(semconv.READ_EXTENT_START) or [],
-                                     attrs.get(semconv.READ_EXTENT_END) or []):
-            done = int(ready[chunk]) if chunk < len(ready) else -1
-            rows.append((int(key), span, str(attrs.get(semconv.READ_DEVICE, "")), int(first),
-                         int(end), int(submit[chunk]) if chunk < len(submit) else 0,
-                         done if done >= 0 else _OPEN_END))
-    return pd.DataFrame(rows, columns=["key", "span", "device", "first_sector", "end_sector",
-                                       "win_start", "win_end"]).astype(
-        {c: "int64" for c in ("key", "span", "first_sector", "end_sector", "win_start",
-                              "win_end")})
+    first_sector, end_sector, win_start, win_end (win_end int64 max: never finished).
+
+    A span's extents pair its extent.chunk, extent.start_sector and extent.end_sector arrays
+    element by element (as far as the shortest goes); an extent's window is its chunk's
+    submit and ready times (0 and open when the chunk arrays are shorter)."""
+    chunk, span, position = _elements(reads, semconv.READ_EXTENT_CHUNK)
+    first, first_span, _ = _elements(reads, semconv.READ_EXTENT_START)
+    end, end_span, _ = _elements(reads, semconv.READ_EXTENT_END)
+    n = len(reads)
+    pairs = np.minimum.reduce([np.bincount(s, minlength=n) for s in (span, first_span,
+                                                                    end_span)])
+    kept = position < pairs[span]
+    chunk, span, position = _ints(chunk)[kept], span[kept], position[kept]
+    at = _starts(first_span, n)[span] + position
+    device = spantable.arrow(reads, semconv.READ_DEVICE).cast(pa.string()).fill_null(
+        "").to_numpy(zero_copy_only=False)
+    done = _element_at(reads, semconv.READ_CHUNK_READY_NS, span, chunk, -1)
+    return pd.DataFrame({
+        "key": reads["key"].to_numpy(np.int64)[span].astype(np.int64), "span": span,
+        "device": device[span].astype(str),
+        "first_sector": _ints(first)[at],
+        "end_sector": _ints(end)[_starts(end_span, n)[span] + position],
+        "win_start": _element_at(reads, semconv.READ_CHUNK_SUBMIT_NS, span, chunk, 0),
+        "win_end": np.where(done >= 0, done, _OPEN_END)},
+        columns=["key", "span", "device", "first_sector", "end_sector", "win_start",
+                 "win_end"])
+
+
+def _elements(reads: pd.DataFrame, key: str) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """The elements of array attribute `key` of every span, flattened: (the values, the span
+    row of each, its position in its span's array)."""
+    lists = spantable.arrow(reads, key)
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    span = pc.list_parent_indices(lists).to_numpy().astype(np.int64)
+    return pc.list_flatten(lists), span, np.arange(len(span)) - _starts(span, len(reads))[span]
+
+
+def _ints(values: pa.Array) -> np.ndarray:
+    """Integer elements as int64 (a null, which the readers never give an extent, as 0)."""
+    return values.fill_null(0).to_numpy().astype(np.int64)
+
+
+def _starts(span: np.ndarray, n: int) -> np.ndarray:
+    """Where each span's elements begin in a flattened array (`span`: the span of each)."""
+    return np.concatenate([[0], np.cumsum(np.bincount(span, minlength=n))[:-1]]).astype(
+        np.int64)
+
+
+def _element_at(reads: pd.DataFrame, key: str, span: np.ndarray, index: np.ndarray,
+                missing: int) -> np.ndarray:
+    """Element `index` (Python's indexing: negative counts from the end) of each `span`'s
+    array attribute `key`, `missing` where the array is shorter."""
+    values, owner, _ = _elements(reads, key)
+    length = np.bincount(owner, minlength=len(reads))[span]
+    if (index < -length).any():
+        raise IndexError(f"{key}: an extent names a chunk before the first")
+    inside = index < length
+    at = _starts(owner, len(reads))[span] + np.where(index < 0, index + length, index)
+    out = np.full(len(span), missing, dtype=np.int64)
+    out[inside] = _ints(values)[at[inside]]
+    return out
 
 
 def located(reads: pd.DataFrame) -> np.ndarray:
     """Per storage.read span: whether it says where its chunks lie on disk."""
-    return np.array([bool(a.get(semconv.READ_EXTENT_CHUNK)) for a in reads["attributes"]],
-                    dtype=bool)
+    return _non_empty(reads, semconv.READ_EXTENT_CHUNK)
 
 
 def joinable(reads: pd.DataFrame) -> np.ndarray:
     """Per storage.read span: whether its block reads can be joined (extents or reader tids)."""
-    tids = np.array([bool(a.get(semconv.READER_TIDS)) for a in reads["attributes"]], dtype=bool)
-    return located(reads) | tids
+    return located(reads) | _non_empty(reads, semconv.READER_TIDS)
+
+
+def _non_empty(reads: pd.DataFrame, key: str) -> np.ndarray:
+    """Per span: array attribute `key` has at least one element."""
+    lengths = pc.list_value_length(spantable.arrow(reads, key)).fill_null(0)
+    return (lengths.to_numpy() > 0).astype(bool)
 
 
 def join(reads: pd.DataFrame, block_io: pd.DataFrame) -> pd.DataFrame:
     """Block reads matched to a storage.read span's request (JOINED_COLUMNS), indexed by
     their labels in `block_io`.
 
-    `reads`: the storage.read spans with columns key (the request), start_ns, end_ns,
-    attributes. Each block read goes to at most one request.
+    `reads`: the storage.read spans with columns key (the request), start_ns, end_ns and their
+    attributes (dicts or typed columns). Each block read goes to at most one request.
     """
     io = block_io[block_io["op"].astype(str).str.startswith("R")]
     if io.empty or reads.empty:
@@ -200,14 +248,3 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="bool" if c == "ambiguous" else
                                       "object" if c == "method" else "int64")
                          for c in JOINED_COLUMNS})
-
-
-def _tid_list(value: Any) -> list[int] | float:
-    """Reader tids from the attribute (a list, one int, or a comma string); NaN when absent."""
-    if value is None:
-        return np.nan
-    if isinstance(value, str):
-        return [int(v) for v in value.replace(" ", "").split(",") if v] or np.nan
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value] or np.nan
-    return [int(value)]
