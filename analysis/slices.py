@@ -24,37 +24,56 @@ top of the run's tables as compact columns.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
 
-from kvscope.analysis import spantable
+from kvscope.analysis import parallel, spantable
 from kvscope.analysis.attribution import attribute_tables
 from kvscope.contract import semconv
 
 SLICE_REQUESTS = 25_000
+PARALLEL_REQUESTS = 2 * SLICE_REQUESTS  # smaller runs are attributed in this process alone
 
 
 def attribute(requests: pd.DataFrame, spans: pd.DataFrame, block_io: pd.DataFrame,
               request_notes: dict[str, list[str]], *, slice_requests: int = SLICE_REQUESTS,
-              **options: Any) -> pd.DataFrame:
-    """attribution.attribute_tables' rows for the run, computed slice by slice."""
+              workers: int | None = None, **options: Any) -> pd.DataFrame:
+    """attribution.attribute_tables' rows for the run, computed slice by slice: in `workers`
+    processes (default: one per core for a run of PARALLEL_REQUESTS or more, which repays
+    starting them: analysis.parallel), each given its slice's sub-run, or in this one."""
     requests = requests.reset_index(drop=True)
     have_block_io = not block_io.empty
     if len(requests) <= slice_requests:
         return attribute_tables(requests, spans, block_io, request_notes,
                                 have_block_io=have_block_io, **options)
     cut = _Cutter(requests, spans, block_io)
-    parts = []
-    for core in cut.slices(slice_requests):
-        rows, span_rows, io_rows = cut.context(core)
-        frame = attribute_tables(requests.iloc[rows], _own_categories(spans.iloc[span_rows]),
-                                 block_io.iloc[io_rows], request_notes,
-                                 have_block_io=have_block_io, **options)
-        keep = np.isin(rows, core)
-        parts.append(frame[keep].set_axis(rows[keep]))
+    cores = cut.slices(slice_requests)
+    if workers is None:
+        workers = parallel.cores() if len(requests) >= PARALLEL_REQUESTS else 1
+
+    def sub_runs() -> Iterator[tuple[Any, ...]]:
+        for core in cores:
+            rows, span_rows, io_rows = cut.context(core)
+            sub = requests.iloc[rows]
+            ids = sub["request_id"].astype(str)
+            notes = {rid: request_notes[rid] for rid in ids[ids.isin(list(request_notes))]}
+            yield (sub, _own_categories(spans.iloc[span_rows]), block_io.iloc[io_rows], notes,
+                   np.isin(rows, core), have_block_io, options)
+
+    parts = [frame.set_axis(core) for core, frame in  # a slice's own rows: its core, sorted
+             zip(cores, parallel.ordered(_slice_rows, sub_runs(), workers))]
     return pd.concat(parts).sort_index().reset_index(drop=True)
+
+
+def _slice_rows(requests: pd.DataFrame, spans: pd.DataFrame, block_io: pd.DataFrame,
+                notes: dict[str, list[str]], keep: np.ndarray, have_block_io: bool,
+                options: dict[str, Any]) -> pd.DataFrame:
+    """The rows of one slice's own requests (`keep`), attributed over its sub-run."""
+    frame = attribute_tables(requests, spans, block_io, notes, have_block_io=have_block_io,
+                             **options)
+    return frame[keep]
 
 
 def _own_categories(spans: pd.DataFrame) -> pd.DataFrame:

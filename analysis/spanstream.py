@@ -1,17 +1,19 @@
 """OTLP JSON span files -> the cleaned span table (contract.spantable), file by file.
 
-Each file is parsed on its own (analysis.otlp_fast, or protobuf for a document it gives back)
-and its rows appended to the Parquet output in row groups of ROW_GROUP rows; cleaning
-(analysis.spanclean) keeps 8 bytes a span meanwhile. When the spans need no cleaning (every
+Each file is parsed on its own (analysis.otlp_fast, or protobuf for a document it gives back;
+in a worker process per core when the files are big: analysis.parallel) and its rows appended
+to the Parquet output in row groups of ROW_GROUP rows; cleaning (analysis.spanclean) keeps 8
+bytes a span meanwhile. When the spans need no cleaning (every
 span names its request, no id repeats: what the tracer writes) that output is the table;
 otherwise (some span lacks a request id, or two spans' id hashes agree) it is read back one
 row group at a time and written again without the dropped rows and with the filled request
 ids. The table's metadata (the problems found, the per-request notes, what the caller adds)
 goes into the Parquet file's key-value metadata, written last.
 
-Memory: one span file's document and rows, one row group (about 200 bytes a span as Arrow
-columns before compression, 50 MB at ROW_GROUP), and 8 bytes a span of hashes (80 MB at 10M
-spans), plus an argsort of those at the end; never the run's table.
+Memory: one span file's document and rows (a few per worker when parsed in parallel), one
+row group (about 200 bytes a span as Arrow columns before compression, 50 MB at ROW_GROUP),
+and 8 bytes a span of hashes (80 MB at 10M spans), plus an argsort of those at the end;
+never the run's table.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kvscope.analysis import otlp, otlp_fast, spanclean
+from kvscope.analysis import otlp, otlp_fast, parallel, spanclean
 from kvscope.contract import files
 from kvscope.contract import spantable as spec
 
 ROW_GROUP = 1 << 18
+PARALLEL_BYTES = 256 << 20  # span files smaller in all are parsed in this process
 
 
 class Target(Protocol):
@@ -81,12 +84,10 @@ def write(span_files: Iterable[Path], offset_ns: int, target: Target,
     with target.open() as sink:
         writer = pq.ParquetWriter(sink, spec.SCHEMA)
         pending = _Pending(writer)
-        for path in span_files:
-            batch = otlp_fast.batch(path.read_bytes(), offset_ns)
-            if batch is None:
-                rows, bad = otlp.read_rows(path, offset_ns)
-                problems += bad
-                batch = rows_batch(rows)
+        paths = list(span_files)
+        for batch, bad in parallel.ordered(file_rows, [(f, offset_ns) for f in paths],
+                                           _workers(paths)):
+            problems += bad
             if batch.num_rows:
                 keys.add(batch)
                 pending.add(batch)
@@ -101,6 +102,25 @@ def write(span_files: Iterable[Path], offset_ns: int, target: Target,
         _rewrite(target, pending.sizes, cleaning,
                  {**metadata, spec.META_PROBLEMS: problems + cleaning.problems,
                   spec.META_NOTES: cleaning.notes})
+
+
+def _workers(span_files: list[Path]) -> int:
+    """Processes to parse with: one per core when the files are big enough to repay starting
+    them (parsing is most of the conversion's CPU, and each file parses on its own; this
+    process hashes and writes meanwhile), else this one."""
+    if sum(f.stat().st_size for f in span_files) < PARALLEL_BYTES:
+        return 1
+    return min(parallel.cores(), len(span_files))
+
+
+def file_rows(path: Path, offset_ns: int) -> tuple[pa.RecordBatch, list[str]]:
+    """One span file's rows of the table and its problems: the fast reader's, or protobuf's
+    for a document the fast reader gives back."""
+    batch = otlp_fast.batch(path.read_bytes(), offset_ns)
+    if batch is not None:
+        return batch, []
+    rows, bad = otlp.read_rows(path, offset_ns)
+    return rows_batch(rows), bad
 
 
 class _Pending:

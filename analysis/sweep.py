@@ -42,9 +42,9 @@ def segments(key: np.ndarray, start: np.ndarray, end: np.ndarray, label: np.ndar
     ev_delta = np.concatenate([np.ones(len(key), np.int32), -np.ones(len(key), np.int32)])
     order = np.lexsort((ev_time, ev_key))
     ev_key, ev_time, ev_label, ev_delta = (a[order] for a in (ev_key, ev_time, ev_label, ev_delta))
-    active = np.zeros((len(ev_key), n_labels), dtype=bool)
-    for code in range(n_labels):
-        active[:, code] = np.cumsum(np.where(ev_label == code, ev_delta, 0)) > 0
+    running = np.zeros((len(ev_key), n_labels), dtype=np.int32)  # open intervals per label
+    running[np.arange(len(ev_key)), ev_label] = ev_delta
+    active = np.cumsum(running, axis=0, out=running) > 0
     length = np.zeros(len(ev_key), dtype=np.int64)
     if len(ev_key) > 1:
         same = ev_key[1:] == ev_key[:-1]

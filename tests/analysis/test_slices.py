@@ -64,3 +64,14 @@ def test_repeated_ids_failures_and_overlapping_reads_slice_alike():
         got = slices.attribute(run.requests, run.spans, run.block_io, run.request_notes,
                                slice_requests=size)
         pd.testing.assert_frame_equal(got, whole)
+
+
+def test_slices_in_worker_processes_give_the_same_rows(shared_worker_run):
+    """Slices handed to two spawned worker processes (what a run of many slices gets on a
+    machine of several cores) come back as the rows of slices attributed here."""
+    run = shared_worker_run
+    here = slices.attribute(run.requests, run.spans, run.block_io, run.request_notes,
+                            slice_requests=100, workers=1)
+    workers = slices.attribute(run.requests, run.spans, run.block_io, run.request_notes,
+                               slice_requests=100, workers=2)
+    pd.testing.assert_frame_equal(workers, here)

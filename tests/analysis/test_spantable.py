@@ -167,3 +167,22 @@ def test_cleaning_works_across_files_and_row_groups(tmp_path, monkeypatch, row_g
     assert [p.split(" spans")[0] for p in problems] == ["1", "1", "1"]
     assert json.loads(table.schema.metadata[spec.META_NOTES]) == {
         "r2": ["1 spans reuse another span's id; the first was kept"]}
+
+
+def test_files_parsed_in_worker_processes_make_the_same_table(ledger_run, tmp_path,
+                                                              monkeypatch):
+    """Span files parsed by two spawned workers (what big runs get) give the table, problems
+    and notes that parsing them here gives, with a document only protobuf reads and one that
+    is no OTLP among them."""
+    only_protobuf = tmp_path / "base64.json"
+    only_protobuf.write_text(json.dumps(_document([_rid()], traceId="q6urq6urq6urq6urq6urqw==")))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    files = [*spantable.span_files(ledger_run), *sorted((LIVE / "spans").glob("*.json")),
+             only_protobuf, broken]
+    here = spantable.build(files, OFFSET)
+    assert json.loads(here.schema.metadata[spec.META_PROBLEMS])  # the broken file's
+    monkeypatch.setattr(spanstream, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(spanstream.parallel, "cores", lambda: 2)
+    assert spanstream._workers(files) == 2
+    assert spantable.build(files, OFFSET).equals(here, check_metadata=True)
