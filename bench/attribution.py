@@ -2,25 +2,28 @@
 
     .venv/bin/python bench/attribution.py [--requests 100000 300000 1000000]
         [--runs DIR] [--baseline CHECKOUT] [--old-up-to 300000] [--convert-old-up-to 300000]
-        [--dask-up-to 100000] [--skip old convert plain new dask]
+        [--new-old-up-to 1000000] [--dask-up-to 100000] [--skip old convert plain new dask]
 
 For each size, a synthetic run (10 spans and 10 block I/Os per request, spans written as OTLP
 JSON like the tracer's; kept in --runs DIR to reuse) is measured step by step, each step in a
 fresh process so its peak RSS is its own:
 
-- old: load_run + attribute() of the code in --baseline (a checkout from before the span
-  table: spans parsed by protobuf into an attribute dict each), where it fits in memory;
+- old: load_run + attribute() (spans as a frame with an attribute dict each) of the code in
+  --baseline (any checkout, e.g. `git archive main | tar -x -C DIR`), where it fits in memory;
 - convert: OTLP JSON -> RUN/spans.parquet (once per run: `kvscope analyze` does it first);
   with --baseline, the baseline's conversion runs first (up to --convert-old-up-to requests)
   and the two tables are compared column by column;
 - plain: a plain parquet read of the same tables and columns the new load reads;
+- new-old: the baseline's load_run(typed=True) + attribution in slices, rows compared;
 - new: load_run(typed=True) from spans.parquet + attribution in slices (what analyze runs);
 - dask: the same through `kvscope analyze --engine dask` on a local cluster of 2 workers.
 
-It prints wall time, CPU time (a step is single-threaded, so on a shared machine CPU time is
-what it would take on an idle core) and peak RSS per step, load / plain (target <= 2), the new
-path's total at 1M requests (target <= 60 s, <= 4 GB), and whether the old, new and Dask rows
-are identical (and equal the synthetic truth). The Dask step's RSS is the client's alone.
+It prints wall time, CPU time (of the step's process and its worker processes: on a shared
+machine CPU time is what the step would take on idle cores) and peak RSS per step (the
+step's process, and the largest worker's: analysis.parallel runs one per core), load / plain
+(target <= 2), the new path's total at 1M requests (target <= 60 s, <= 4 GB), and whether
+the old, new and Dask rows are identical (and equal the synthetic truth). The Dask step's
+RSS is the client's alone.
 """
 
 from __future__ import annotations
@@ -96,11 +99,26 @@ def _step(name: str, run: Path, rows: Path) -> dict[str, Any]:
         raise ValueError(name)
     out["s"] = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    out["cpu_s"] = usage.ru_utime + usage.ru_stime  # what a shared, loaded machine cannot skew
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # worker processes, all done
+    # what a shared, loaded machine cannot skew
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
     out["rss_gb"] = usage.ru_maxrss / 1e6
+    # worker processes (analysis.parallel): the largest one's peak; at most one per core ran
+    out["worker_rss_gb"] = children.ru_maxrss / 1e6
+    out["workers"] = analysis_workers()
     if frame is not None:
         frame.to_parquet(rows, index=False)
     return out
+
+
+def analysis_workers() -> int:
+    """Worker processes analysis.parallel may start here (one per core; a baseline from
+    before it has none)."""
+    try:
+        from kvscope.analysis import parallel
+    except ImportError:
+        return 1
+    return parallel.cores()
 
 
 def _spawn(name: str, run: Path, rows: Path, pythonpath: Path) -> dict[str, Any]:
@@ -159,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest run the old path is measured on (it needs ~35 KB/request)")
     parser.add_argument("--convert-old-up-to", type=int, default=300_000,
                         help="largest run the baseline's conversion is measured on")
+    parser.add_argument("--new-old-up-to", type=int, default=1_000_000,
+                        help="largest run the baseline's load and attribution are measured on")
     parser.add_argument("--dask-up-to", type=int, default=100_000)
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=("old", "convert", "plain", "new", "dask"),
@@ -184,6 +204,8 @@ def _bench(n: int, runs: Path, tmp: Path, args: argparse.Namespace) -> None:
     steps = ["convert", "plain", "new"]
     if args.baseline and n <= args.convert_old_up_to:
         steps.insert(0, "convert-old")
+    if args.baseline and n <= args.new_old_up_to:
+        steps.insert(steps.index("new"), "new-old")
     if args.baseline and n <= args.old_up_to:
         steps.insert(0, "old")
     if n <= args.dask_up_to:
@@ -192,16 +214,18 @@ def _bench(n: int, runs: Path, tmp: Path, args: argparse.Namespace) -> None:
     steps = [s for s in steps if s not in skipped]
     got = {}
     for name in steps:
-        path = args.baseline if name in ("old", "convert-old") else HERE
-        step = "convert" if name == "convert-old" else name
+        path = args.baseline if name in ("old", "convert-old", "new-old") else HERE
+        step = {"convert-old": "convert", "new-old": "new"}.get(name, name)
         got[name] = _spawn(step, run, tmp / f"{name}-{n}.parquet", path)
         if name == "convert-old":
             (run / "spans.parquet").rename(tmp / f"spans-old-{n}.parquet")
         r = got[name]
         load = f"  load {r['load_s']:.1f} s, attribute {r['s'] - r['load_s']:.1f} s" \
             if "load_s" in r else ""
+        workers = (f" + workers' {r['worker_rss_gb']:.2f} GB each"
+                   if r.get("worker_rss_gb") else "")
         print(f"  {name:11s} {r['s']:7.1f} s (CPU {r['cpu_s']:6.1f} s)  peak RSS "
-              f"{r['rss_gb']:5.2f} GB{load}", flush=True)
+              f"{r['rss_gb']:5.2f} GB{workers}{load}", flush=True)
     if "convert-old" in got and "convert" in got:
         old, new = got["convert-old"], got["convert"]
         print(f"  convert new / baseline: time {new['s'] / old['s']:.3f}, CPU "
@@ -214,6 +238,16 @@ def _bench(n: int, runs: Path, tmp: Path, args: argparse.Namespace) -> None:
         print(f"  spans {new['spans']}; new load / plain parquet read = "
               f"{new['load_s'] / got['plain']['s']:.2f} (target <= 2)")
     print(f"  new path: {new['s']:.1f} s, {new['rss_gb']:.2f} GB (1M target: <= 60 s, <= 4 GB)")
+    if "convert" in got:
+        c = got["convert"]
+        print(f"  conversion + new path: {c['s'] + new['s']:.1f} s wall, "
+              f"{c['cpu_s'] + new['cpu_s']:.1f} s CPU in this process")
+    if "new-old" in got:
+        base = got["new-old"]
+        print(f"  new path / baseline's: time {new['s'] / base['s']:.3f} (load "
+              f"{new['load_s'] / base['load_s']:.3f}, attribute "
+              f"{(new['s'] - new['load_s']) / (base['s'] - base['load_s']):.3f}); rows "
+              f"{_same(tmp / f'new-old-{n}.parquet', tmp / f'new-{n}.parquet')}")
     rows = {name: tmp / f"{name}-{n}.parquet" for name in ("old", "new", "dask") if name in got}
     print(f"  new rows {_truth(run, rows['new'])}")
     if "old" in got:
