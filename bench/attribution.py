@@ -13,15 +13,15 @@ fresh process so its peak RSS is its own:
 - convert: OTLP JSON -> RUN/spans.parquet (once per run: `kvscope analyze` does it first);
   with --baseline, the baseline's conversion runs first (up to --convert-old-up-to requests)
   and the two tables are compared column by column;
-- plain: a plain parquet read of the same tables and columns the new load reads;
+- plain: a plain parquet read of the tables and span columns the new load reads;
 - new-old: the baseline's load_run(typed=True) + attribution in slices, rows compared;
 - new: load_run(typed=True) from spans.parquet + attribution in slices (what analyze runs);
 - dask: the same through `kvscope analyze --engine dask` on a local cluster of 2 workers.
 
 It prints wall time, CPU time (of the step's process and its worker processes: on a shared
 machine CPU time is what the step would take on idle cores) and peak RSS per step (the
-step's process, and the largest worker's: analysis.parallel runs one per core), load / plain
-(target <= 2), the new path's total at 1M requests (target <= 60 s, <= 4 GB), and whether
+step's process, and the largest worker's, polled: analysis.parallel runs one per core), load
+/ plain (target <= 2), the new path's total at 1M requests (target <= 60 s, <= 4 GB), and whether
 the old, new and Dask rows are identical (and equal the synthetic truth). The Dask step's
 RSS is the client's alone.
 """
@@ -56,6 +56,7 @@ def _make(path: Path, n: int) -> Path:
 def _step(name: str, run: Path, rows: Path) -> dict[str, Any]:
     """One measured step, in this process (called through _spawn)."""
     out: dict[str, Any] = {}
+    workers = _WorkerPeak()
     start = time.perf_counter()
     if name == "old":
         from kvscope import analysis
@@ -73,8 +74,7 @@ def _step(name: str, run: Path, rows: Path) -> dict[str, Any]:
         import pyarrow.parquet as pq
         from kvscope.analysis import spantable
         from kvscope.contract import spantable as spec
-        tables = [pd.read_parquet(run / f) for f in ("requests.parquet", "block_io.parquet",
-                                                     "queue_depth.parquet")]
+        tables = [pd.read_parquet(run / f) for f in ("requests.parquet", "block_io.parquet")]
         present = pq.read_schema(run / spantable.FILE).names
         typed = [k for k in spec.TYPED_ATTRIBUTES if k in present]
         pq.read_table(run / spantable.FILE, columns=[*spec.ANALYSIS_COLUMNS, *typed]).to_pandas()
@@ -104,11 +104,42 @@ def _step(name: str, run: Path, rows: Path) -> dict[str, Any]:
     out["cpu_s"] = usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
     out["rss_gb"] = usage.ru_maxrss / 1e6
     # worker processes (analysis.parallel): the largest one's peak; at most one per core ran
-    out["worker_rss_gb"] = children.ru_maxrss / 1e6
+    out["worker_rss_gb"] = workers.stop()
     out["workers"] = analysis_workers()
     if frame is not None:
         frame.to_parquet(rows, index=False)
     return out
+
+
+class _WorkerPeak:
+    """The largest peak RSS (VmHWM) of this process's worker processes, polled while a step
+    runs (RUSAGE_CHILDREN's maxrss would count the RSS a spawned child had from its parent
+    before it exec'd)."""
+
+    def __init__(self) -> None:
+        import threading
+        self.peak_kb = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        import psutil
+        me = psutil.Process()
+        while not self._done.wait(0.2):
+            for child in me.children(recursive=True):
+                try:
+                    status = Path(f"/proc/{child.pid}/status").read_text()
+                except OSError:
+                    continue
+                for line in status.splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return self.peak_kb / 1e6
 
 
 def analysis_workers() -> int:
