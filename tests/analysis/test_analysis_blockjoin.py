@@ -4,9 +4,11 @@ whatever thread read, by thread and time only for spans that give no location.""
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 
 from kvscope.analysis import blockjoin
 from kvscope.contract import semconv
+from kvscope.contract import spantable as spec
 
 DISK = "vda"
 MS = 1_000_000
@@ -102,3 +104,25 @@ def test_spans_without_extents_join_by_reader_thread_and_time() -> None:
     assert joined["method"].tolist() == [blockjoin.THREAD_WINDOW] * 2 + [blockjoin.LOCATION]
     assert blockjoin.joinable(reads).all()
     assert not blockjoin.joinable(pd.DataFrame([_span(0, 0, 1, [])])).any()
+
+
+def test_typed_attribute_columns_join_as_the_dicts_do() -> None:
+    """The span table's typed columns (Arrow lists, a categorical device) join block reads
+    exactly as attribute dicts do: by location, by thread, and across two chunks."""
+    reads = pd.DataFrame([_span(0, 0, 9 * MS, [(0, 9 * MS, [(1000, 1100)]),
+                                               (MS, -1, [(3000, 3010), (4000, 4100)])], tids=[7]),
+                          _span(1, 0, 5 * MS, [], tids=[8, 9]), _span(2, 0, 5 * MS, [])])
+    io = _io((1000, 4096, 7, 2 * MS), (4050, 8192, 7, 3 * MS), (9100, 4096, 9, MS),
+             (3000, 4096, 5, 20 * MS))
+    typed = reads.drop(columns="attributes")
+    for key, kind in spec.TYPED_ATTRIBUTES.items():
+        values = [a.get(key) for a in reads["attributes"]]
+        if any(v is not None for v in values):
+            typed[key] = (pd.Series(values).astype("category") if kind == pa.string()
+                          else pd.Series(values, dtype=pd.ArrowDtype(kind)))
+    expected = blockjoin.join(reads, io)
+    assert expected["key"].tolist() == [0, 0, 1, 0]
+    pd.testing.assert_frame_equal(blockjoin.join(typed, io), expected)
+    pd.testing.assert_frame_equal(blockjoin.chunk_extents(typed),
+                                  blockjoin.chunk_extents(reads))
+    assert (blockjoin.joinable(typed) == [True, True, False]).all()
