@@ -15,7 +15,8 @@ it for its own reader), so they are measured on the chunk files themselves, O_DI
    starts, not where it ends: a read alone is served faster than the same read among many (the
    device works on only so many at once, the rest queue);
 4. each candidate unit is read at that depth, then at twice the depth while the rate still grows
-   by more than ``GROWTH`` (up to ``MAX_READERS``): its depth is where the rate stopped growing;
+   by more than ``GROWTH`` over the depth kept (up to ``MAX_READERS``; ``PATIENCE`` doublings
+   without such a gain end it): its depth is where the rate stopped growing;
 5. the largest unit within ``TOLERANCE`` of the best rate seen (ceiling or candidate) wins
    (fewer, larger reads: fewer wake-ups and less work per byte), its readers and in-flight bytes
    with it; when no candidate comes that close to a ceiling measured in a faster moment (or one
@@ -45,6 +46,7 @@ UNITS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CEILING_POINTS = ((4 << 20, 32), (16 << 20, 8))
 TOLERANCE = 0.03  # the sweep's own repeat-to-repeat noise on a quiet disk
 GROWTH = 0.03  # doubling the depth must gain more than this to be worth its threads
+PATIENCE = 2  # doublings in a row without that gain that end a depth search
 MAX_READERS = 64
 MIN_BYTES = 256 << 20  # fewer chunk bytes than this on disk: nothing worth measuring
 POINT_BYTES = 512 << 20  # bytes read per measurement at depth
@@ -192,17 +194,21 @@ def choose(files: list[Path], chunk_bytes: int, device: Reader, path: Reader) ->
 def _deepen(files: list[Path], unit: int, readers: int, read: Reader, best: float,
             reasons: list[str]) -> tuple[int, float]:
     """``unit`` read by ``read`` at ``readers``, then at twice as many while that still gains
-    more than GROWTH; the depth where the rate stopped growing and its rate."""
+    more than GROWTH over the depth kept; the search ends after ``PATIENCE`` doublings in a
+    row without such a gain (one can land in a slow moment of a shared machine, and small gains
+    add up). The depth kept and its rate."""
     mib = 1 << 20
     rate = read(files, unit, readers)
     steps = [f"{readers} {rate / 1e9:.2f}"]
-    while readers < MAX_READERS:
-        deeper = min(MAX_READERS, 2 * readers)
-        deeper_rate = read(files, unit, deeper)
-        steps.append(f"{deeper} {deeper_rate / 1e9:.2f}")
-        if deeper_rate <= (1 + GROWTH) * rate:
-            break
-        readers, rate = deeper, deeper_rate
+    probe, misses = readers, 0
+    while probe < MAX_READERS and misses < PATIENCE:
+        probe = min(MAX_READERS, 2 * probe)
+        probe_rate = read(files, unit, probe)
+        steps.append(f"{probe} {probe_rate / 1e9:.2f}")
+        if probe_rate > (1 + GROWTH) * rate:
+            readers, rate, misses = probe, probe_rate, 0
+        else:
+            misses += 1
     reasons.append(f"{unit / mib:g} MiB by readers (GB/s): {', '.join(steps)}; "
                    f"{readers} readers, {rate / best:.0%} of the ceiling")
     return readers, rate

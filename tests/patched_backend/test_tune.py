@@ -29,6 +29,12 @@ def _device(files: list[Path], unit: int, depth: int) -> float:
     return min(CEILING, depth * unit / (LATENCY + unit / BANDWIDTH))
 
 
+def _queueing(files: list[Path], unit: int, depth: int) -> float:
+    """A device that serves only so many reads at once: each read takes longer the more are in
+    flight."""
+    return min(CEILING, depth * unit / ((LATENCY + unit / BANDWIDTH) * (1 + depth / 4)))
+
+
 def _path(files: list[Path], unit: int, depth: int) -> float:
     """The serving path on that device: each reader also verifies a unit before its next read."""
     return min(CEILING, depth * unit / (LATENCY + unit / BANDWIDTH + unit / VERIFY))
@@ -71,15 +77,13 @@ def test_when_no_candidate_reaches_the_ceiling_the_fastest_wins(tmp_path):
 def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_path):
     """Each read takes longer the more are in flight (the device serves only so many at once):
     Little's law on a reader alone (5 readers for 3 MiB) reaches 68 % of the ceiling; the search
-    doubles the depth while the rate grows (10: 87 %, 20: 100 %, 40: no gain) and stops at 20."""
-    def queueing(files, unit, depth):
-        return min(CEILING, depth * unit / ((LATENCY + unit / BANDWIDTH) * (1 + depth / 4)))
-
+    doubles the depth while the rate grows (10: 87 %, 20: 100 %, 40 and 64: no gain) and keeps
+    20."""
     (tmp_path / "a.kvc").write_bytes(b"")
-    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, queueing)
-    assert queueing([], 3 * MIB, 5) < 0.7 * CEILING  # where Little's law alone would stop
+    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, _queueing)
+    assert _queueing([], 3 * MIB, 5) < 0.7 * CEILING  # where Little's law alone would stop
     assert (choice.read_unit, choice.queue_depth) == (3 * MIB, 20)
-    assert "3 MiB by readers (GB/s): 5 1.36, 10 1.75, 20 2.00, 40 2.00" in "\n".join(
+    assert "3 MiB by readers (GB/s): 5 1.36, 10 1.75, 20 2.00, 40 2.00, 64 2.00; 20 readers" in "\n".join(
         choice.reasons)
 
 
@@ -108,6 +112,19 @@ def test_chunk_files_skips_what_would_not_be_served(tmp_path, monkeypatch):
     files[0].unlink()
     files[1].unlink()
     assert tune.chunk_files(tmp_path) == ([], 0)  # 2 MiB of real chunks left: under MIN_BYTES
+
+
+def test_one_slow_moment_does_not_end_the_depth_search(tmp_path):
+    """The measurement at 10 readers lands in a slow moment (another process took the cores):
+    the search looks one doubling further before it gives up, and finds 20."""
+    def dip(files, unit, depth):
+        return _queueing(files, unit, depth) * (0.7 if depth == 10 else 1.0)
+
+    (tmp_path / "a.kvc").write_bytes(b"")
+    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, dip)
+    assert (choice.read_unit, choice.queue_depth) == (3 * MIB, 20)
+    assert "3 MiB by readers (GB/s): 5 1.36, 10 1.22, 20 2.00, 40 2.00, 64 2.00" in "\n".join(
+        choice.reasons)
 
 
 def test_a_measurement_that_fails_leaves_the_knobs_as_set(harness, monkeypatch, tmp_path, capfd):
