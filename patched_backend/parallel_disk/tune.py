@@ -17,11 +17,12 @@ it for its own reader), so they are measured on the chunk files themselves, O_DI
 4. each candidate unit is read at that depth, then at twice the depth while the rate still grows
    by more than ``GROWTH`` over the depth kept (up to ``MAX_READERS``; ``PATIENCE`` doublings
    without such a gain end it): its depth is where the rate stopped growing;
-5. the largest unit within ``TOLERANCE`` of the best rate seen (ceiling or candidate) wins
-   (fewer, larger reads: fewer wake-ups and less work per byte), its readers and in-flight bytes
-   with it; when no candidate comes that close to a ceiling measured in a faster moment (or one
-   the verifying path cannot reach on these cores), the largest unit within ``TOLERANCE`` of the
-   fastest candidate.
+5. the first ceiling point is read again: how far it moved is the machine's drift while it was
+   measured; the largest unit within ``TOLERANCE`` (or that drift, if larger) of the best rate
+   seen (ceiling or candidate) wins (fewer, larger reads: fewer wake-ups and less work per
+   byte), its readers and in-flight bytes with it; when no candidate comes that close to a ceiling measured in a faster moment (or one
+   the verifying path cannot reach on these cores), the largest unit within that of the fastest
+   candidate.
 
 Every step is kept as a sentence (``Choice.reasons``) so ``kvscope tune`` can print why. The
 reads are O_DIRECT, so the page cache neither helps them nor needs dropping; a server tunes at
@@ -44,7 +45,7 @@ from kvscope.patched_backend.parallel_disk.io_engine import ChunkRead, Identity,
 
 UNITS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CEILING_POINTS = ((4 << 20, 32), (16 << 20, 8))
-TOLERANCE = 0.03  # the sweep's own repeat-to-repeat noise on a quiet disk
+TOLERANCE = 0.03  # the sweep's own repeat-to-repeat noise on a quiet disk (at least)
 GROWTH = 0.03  # doubling the depth must gain more than this to be worth its threads
 PATIENCE = 2  # doublings in a row without that gain that end a depth search
 MAX_READERS = 64
@@ -177,18 +178,32 @@ def choose(files: list[Path], chunk_bytes: int, device: Reader, path: Reader) ->
     for unit, readers in candidates:
         readers, rate = _deepen(files, unit, readers, path, best, reasons)
         measured.append((unit, readers, rate))
+    tolerance = _tolerance(files, device, deep, reasons)
     fastest = max(m[2] for m in measured)
     top = max(best, fastest)
-    why = f"the largest unit within {TOLERANCE:.0%} of the best rate, {top / 1e9:.2f} GB/s"
-    good = [m for m in measured if m[2] >= (1 - TOLERANCE) * top]
+    why = f"the largest unit within {tolerance:.0%} of the best rate, {top / 1e9:.2f} GB/s"
+    good = [m for m in measured if m[2] >= (1 - tolerance) * top]
     if not good:  # a ceiling measured in a faster moment, or one verifying readers cannot reach
-        why = (f"none came within {TOLERANCE:.0%} of the ceiling: the largest unit within "
-               f"{TOLERANCE:.0%} of the fastest, {fastest / 1e9:.2f} GB/s")
-        good = [m for m in measured if m[2] >= (1 - TOLERANCE) * fastest]
+        why = (f"none came within {tolerance:.0%} of the ceiling: the largest unit within "
+               f"{tolerance:.0%} of the fastest, {fastest / 1e9:.2f} GB/s")
+        good = [m for m in measured if m[2] >= (1 - tolerance) * fastest]
     unit, readers, rate = max(good, key=lambda m: (m[0], -m[1]))
     reasons.append(f"chosen: {unit / mib:g} MiB x {readers} readers, "
                    f"{unit * readers / mib:g} MiB in flight, {rate / 1e9:.2f} GB/s ({why})")
     return Choice(unit, readers, unit * readers, best, reasons)
+
+
+def _tolerance(files: list[Path], device: Reader, deep: dict[tuple[int, int], float],
+               reasons: list[str]) -> float:
+    """How far apart two rates may be and still count as equal: TOLERANCE, or more when the
+    first ceiling point, read again after the candidates, moved further (a shared machine
+    drifting while it was measured: within that, the larger unit's fewer reads win)."""
+    (unit, depth), first = next(iter(deep.items()))
+    again = device(files, unit, depth)
+    drift = abs(again - first) / max(again, first, 1.0)
+    reasons.append(f"ceiling again, {unit >> 20} MiB x {depth}: {again / 1e9:.2f} GB/s, "
+                   f"{drift:.0%} from the first")
+    return max(TOLERANCE, drift)
 
 
 def _deepen(files: list[Path], unit: int, readers: int, read: Reader, best: float,

@@ -65,6 +65,28 @@ def test_a_unit_that_falls_short_at_its_depth_is_not_chosen(tmp_path):
     assert choice.read_unit == 16 * MIB
 
 
+def test_a_machine_that_drifts_while_measured_widens_what_counts_as_equal(tmp_path):
+    """64 MiB reads come 8 % short of 16 MiB ones: on a steady machine 16 MiB wins; when the
+    ceiling read again after the candidates moved 15 %, 8 % is within the noise and the larger
+    unit's fewer reads win."""
+    def short_large(files, unit, depth):
+        return _path(files, unit, depth) * (0.92 if unit >= 64 * MIB else 1.0)
+
+    calls = []
+
+    def drifting(files, unit, depth):  # the last call is the ceiling read again
+        calls.append(unit)
+        return _device(files, unit, depth) * (0.85 if len(calls) > len(tune.CEILING_POINTS)
+                                              else 1.0)
+
+    (tmp_path / "a.kvc").write_bytes(b"")
+    assert tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, short_large).read_unit == 16 * MIB
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, drifting, short_large)
+    assert choice.read_unit == 64 * MIB
+    assert "ceiling again, 4 MiB x 32: 1.70 GB/s, 15% from the first" in choice.reasons
+    assert "within 15% of the best rate" in choice.reasons[-1]
+
+
 def test_when_no_candidate_reaches_the_ceiling_the_fastest_wins(tmp_path):
     def behind(files, unit, depth):  # verifying readers on two cores: 0.9 of the raw ceiling
         return min(0.9 * CEILING, _path(files, unit, depth))
