@@ -51,7 +51,8 @@ def test_tune_prints_its_reasoning_and_knobs_the_backend_accepts(kv_dir):
                       re.M)
     assert steps and int(steps[2]) == depth  # the depth its own search settled on
     assert f" {depth} " in f" {steps[1]}"
-    assert re.search(r"^  ceiling again, 4 MiB x 32: [\d.]+ GB/s, \d+% from the first$", out, re.M)
+    assert re.search(r"^  ceiling again, 4 MiB x 32: [\d.]+ GB/s, \d+% from the first$", out,
+                     re.M)
     assert re.search(rf"^  chosen: {unit // MIB} MiB x {depth} readers, "
                      rf"{unit * depth // MIB} MiB in flight", out, re.M)
 
