@@ -20,9 +20,9 @@ it for its own reader), so they are measured on the chunk files themselves, O_DI
 5. the first ceiling point is read again: how far it moved is the machine's drift while it was
    measured; the largest unit within ``TOLERANCE`` (or that drift, if larger) of the best rate
    seen (ceiling or candidate) wins (fewer, larger reads: fewer wake-ups and less work per
-   byte), its readers and in-flight bytes with it; when no candidate comes that close to a ceiling measured in a faster moment (or one
-   the verifying path cannot reach on these cores), the largest unit within that of the fastest
-   candidate.
+   byte), its readers and in-flight bytes with it; when no candidate comes that close to a
+   ceiling measured in a faster moment (or one the verifying path cannot reach on these cores),
+   the largest unit within that of the fastest candidate.
 
 Every step is kept as a sentence (``Choice.reasons``) so ``kvscope tune`` can print why. The
 reads are O_DIRECT, so the page cache neither helps them nor needs dropping; a server tunes at

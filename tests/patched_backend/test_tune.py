@@ -105,8 +105,8 @@ def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_p
     choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, _queueing)
     assert _queueing([], 3 * MIB, 5) < 0.7 * CEILING  # where Little's law alone would stop
     assert (choice.read_unit, choice.queue_depth) == (3 * MIB, 20)
-    assert "3 MiB by readers (GB/s): 5 1.36, 10 1.75, 20 2.00, 40 2.00, 64 2.00; 20 readers" in "\n".join(
-        choice.reasons)
+    assert ("3 MiB by readers (GB/s): 5 1.36, 10 1.75, 20 2.00, 40 2.00, 64 2.00; 20 readers"
+            in "\n".join(choice.reasons))
 
 
 def test_the_path_reader_reads_through_the_engine_and_its_checksums(tmp_path):
