@@ -1,8 +1,9 @@
 """`kvscope tune --kv-dir DIR`: the read knobs for a disk, measured, with the reasoning printed.
 
 The same measurement `kvscope.tune: auto` makes when a server starts (patched_backend/
-parallel_disk/tune.py): the device's ceiling, each read unit's service time alone, Little's law
-for the reads that must be in flight, each candidate checked at its depth.
+parallel_disk/tune.py): the device's ceiling, then each read unit through the serving path
+itself (reader threads, checksums on, as a server is configured by default): one reader alone,
+Little's law for the readers that must be in flight, each candidate checked at its depth.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"kvscope tune: {len(files)} chunk files of {chunk_bytes / 2**20:g} MiB in "
           f"{args.kv_dir}, read O_DIRECT")
-    choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.hash_rate())
+    try:
+        choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.PathReader())
+    except OSError as exc:
+        print(f"kvscope tune: cannot measure {args.kv_dir}: {exc}; it needs chunk files on a "
+              "file system that takes O_DIRECT reads (a disk, not tmpfs), left alone while "
+              "it measures", file=sys.stderr)
+        return 2
     for line in choice.reasons:
         print(f"  {line}")
     print("extra_config:")

@@ -312,7 +312,8 @@ def _tuned(settings: DiskConfig) -> DiskConfig:
         return settings
     started = time.monotonic()
     try:
-        choice = tune.choose(files, chunk_bytes, tune.raw_reader, tune.hash_rate())
+        choice = tune.choose(files, chunk_bytes, tune.raw_reader,
+                             tune.PathReader(settings.verify_checksum, settings.odirect))
     except OSError:  # a measurement, not a reason to refuse serving
         logger.warning("kvscope disk: tune auto could not measure %s; knobs as set",
                        settings.path, exc_info=True)

@@ -1,0 +1,66 @@
+"""`kvscope tune` as a user runs it: the command line on a real directory of chunk files, real
+O_DIRECT reads through the serving path, no vLLM. The choice is whatever this disk gives (a
+timing is never asserted); what must hold is that it is a configuration the backend accepts,
+within the search's bounds, and that the printed reasoning is the measurement it came from."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvscope.patched_backend.parallel_disk import tune
+from kvscope.patched_backend.parallel_disk.config import from_extra_config
+from kvscope.testkit.chunk_files import write_chunks
+
+KVSCOPE = [sys.executable, "-m", "kvscope.cli", "tune", "--kv-dir"]
+MIB = 1 << 20
+SHAPE = (2, 24, 256, 128)  # Qwen2.5-0.5B-like KV_2LTD geometry, bf16: 3 MiB a chunk
+COUNT = 86  # 258 MiB: just over tune.MIN_BYTES, so the test reads little
+
+
+@pytest.fixture(scope="module")
+def kv_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("kv")
+    write_chunks(directory, COUNT, SHAPE)
+    return directory
+
+
+def test_tune_prints_its_reasoning_and_knobs_the_backend_accepts(kv_dir):
+    done = subprocess.run([*KVSCOPE, str(kv_dir)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith(f"kvscope tune: {COUNT} chunk files of 3 MiB in {kv_dir}")
+    knobs = dict(re.findall(r"^  kvscope\.(\w+): (\d+)$", out, re.M))
+    unit, depth, inflight = (int(knobs[k]) for k in
+                             ("read_unit", "queue_depth", "max_inflight_bytes"))
+    assert unit in (MIB, 3 * MIB)  # the candidates: 1 MiB, and units capped at one chunk
+    assert 2 <= depth <= tune.MAX_READERS and inflight == unit * depth
+    settings = from_extra_config({"kvscope.path": str(kv_dir), "kvscope.capacity": "1GB",
+                                  **{f"kvscope.{k}": v for k, v in knobs.items()}})
+    assert (settings.read_unit, settings.queue_depth) == (unit, depth)
+    # the reasoning: the ceiling, each candidate alone and by depth, and the choice among them
+    assert re.search(r"^  ceiling \(raw reader\): 4 MiB x 32 [\d.]+ GB/s, 16 MiB x 8 ", out, re.M)
+    for candidate in ("1", "3"):
+        assert re.search(rf"^  {candidate} MiB: one reader alone reads and verifies one in ",
+                         out, re.M)
+    steps = re.search(rf"^  {unit // MIB} MiB by readers \(GB/s\): (.*); (\d+) readers", out,
+                      re.M)
+    assert steps and int(steps[2]) == depth  # the depth its own search settled on
+    assert f" {depth} " in f" {steps[1]}"
+    assert re.search(r"^  ceiling again, 4 MiB x 32: [\d.]+ GB/s, \d+% from the first$", out,
+                     re.M)
+    assert re.search(rf"^  chosen: {unit // MIB} MiB x {depth} readers, "
+                     rf"{unit * depth // MIB} MiB in flight", out, re.M)
+
+
+def test_too_few_chunks_is_one_line_naming_the_directory_and_the_fix(tmp_path):
+    write_chunks(tmp_path, 2, SHAPE)
+    done = subprocess.run([*KVSCOPE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and str(tmp_path) in done.stderr
+    assert "kvscope run --phases warm --keep-kv --kv-dir" in done.stderr
