@@ -4,12 +4,15 @@
   python bench/dashboard_render.py --baseline 312df7d   # ... side by side with that revision
   python bench/dashboard_render.py --requests 2000      # a smaller synthetic run
   python bench/dashboard_render.py --screenshot docs/img/dashboard.png runs/serial runs/parallel
+  python bench/dashboard_render.py --screenshot out.png --tab Throughput runs/serial runs/parallel
 
 Timings: app load (from the runs' analysis outputs, as after `kvscope analyze`, next to a copy
 of the runs without them, analysed at start), first render (navigation until every graph has
-drawn its data and the waterfall shows the slowest request), and a click on a request (pointer
-already over it, hover settled: click until the waterfall shows the clicked request, seen from
-webdriver and in the page), next to the server's part called in-process. With --baseline REV the same page measurements run on
+drawn its data and the waterfall shows the slowest request), opening each tab of the views
+that compare runs (a click until its graphs have drawn: the browser draws only the open tab),
+and a click on a request (pointer already over it, hover settled: click until the waterfall
+shows the clicked request, seen from webdriver and in the page), next to the server's part
+called in-process. With --baseline REV the same page measurements run on
 `kvscope dashboard` of that revision (from `git archive`, in its own server and browser),
 alternating with this tree's, so both see the same machine load; the synthetic run is then
 written by that revision's generator, so both read it as the baseline wrote it; and both trees'
@@ -40,7 +43,7 @@ from kvscope.dashboards.app import build_app
 from kvscope.dashboards.browser import chromium_options
 
 PORT = 8077  # this tree's app; the baseline's is PORT + 1
-GRAPHS = 4  # breakdown, concurrency, percentiles, waterfall, device (>= 4 drawn)
+GRAPHS = 4  # breakdown, the open tab's (percentiles), waterfall, chunk strip (>= 4 drawn)
 # True once every graph on the page has drawn its data (or, for a view with nothing to show,
 # such as the chunk section of a run without a chunk ledger, the note saying why) and the
 # waterfall names a request.
@@ -50,6 +53,20 @@ const title = document.querySelector('#{ids.WATERFALL_GRAPH} .gtitle');
 return graphs.length >= {GRAPHS} && graphs.every(g => g._fullLayout && (
         (g.data && g.data.length > 0) || (g.layout.annotations || []).length > 0))
     && title !== null && title.textContent.includes('TTFT');
+"""
+# The views' tabs (pages/views.py) by label, in page order; none on a revision without them.
+TABS_JS = f"return [...document.querySelectorAll('#{ids.VIEW_TABS} .tab')].map(t => t.textContent);"
+OPEN_TAB_JS = f"""
+[...document.querySelectorAll('#{ids.VIEW_TABS} .tab')].find(t => t.textContent === arguments[0]).click();
+"""
+# True once the tab labelled arguments[0] is open and every graph in it has drawn.
+TAB_DRAWN_JS = f"""
+const open = document.querySelector('#{ids.VIEW_TABS} .tab--selected');
+const graphs = [...document.querySelectorAll('#{ids.VIEW_TABS}-parent .tab-content [id$="-graph"]')]
+    .map(g => g.querySelector('.js-plotly-plot'));
+return open !== null && open.textContent === arguments[0] && graphs.length > 0
+    && graphs.every(g => g !== null && g._fullLayout && (
+        (g.data && g.data.length > 0) || (g.layout.annotations || []).length > 0));
 """
 TITLE_CHANGED_JS = f"""
 const title = document.querySelector('#{ids.WATERFALL_GRAPH} .gtitle');
@@ -155,6 +172,19 @@ def first_render(page: Page) -> float:
     return time.perf_counter() - start
 
 
+def open_tabs(page: Page) -> dict[str, float]:
+    """Seconds from a click on each tab (the first last, from the one before it) until its
+    graphs have drawn; empty for a page without the tabs."""
+    labels = page.driver.execute_script(TABS_JS)
+    took = {}
+    for label in [*labels[1:], *labels[:1]]:
+        start = time.perf_counter()
+        page.driver.execute_script(OPEN_TAB_JS, label)
+        wait_until(page.driver, TAB_DRAWN_JS, label)
+        took[label] = time.perf_counter() - start
+    return took
+
+
 def click(page: Page, fraction: float) -> tuple[float, float]:
     """Point at the request `fraction` along the breakdown plot, let its hover draw, then
     click: seconds until the waterfall shows another request, seen from webdriver (a poll every
@@ -187,10 +217,13 @@ def in_process_callback(app_runs, keys: list[str]) -> list[float]:
     return out
 
 
-def screenshot(driver, url: str, out: Path, width: int) -> None:
-    """The whole page, every view drawn, as one PNG."""
+def screenshot(driver, url: str, out: Path, width: int, tab: str | None) -> None:
+    """The whole page, every view drawn (with the tab labelled `tab` open), as one PNG."""
     driver.get(url)
     wait_until(driver, RENDERED_JS)
+    if tab:
+        driver.execute_script(OPEN_TAB_JS, tab)
+        wait_until(driver, TAB_DRAWN_JS, tab)
     height = driver.execute_script("return document.documentElement.scrollHeight;")
     driver.set_window_size(width, height)
     wait_until(driver, RENDERED_JS)
@@ -331,6 +364,10 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
         for _ in range(args.repeat):
             for page in pages:
                 renders[page.name].append(first_render(page))
+        tabs: dict[str, list[float]] = {}
+        for _ in range(args.repeat):
+            for label, took in open_tabs(pages[0]).items():
+                tabs.setdefault(label, []).append(took)
         clicks: dict[str, list[float]] = {p.name: [] for p in pages}
         in_page: dict[str, list[float]] = {p.name: [] for p in pages}
         for i in range(args.clicks):  # rank 0 is already shown
@@ -350,6 +387,9 @@ def bench(args: argparse.Namespace, runs: list[Path], baseline_runs: list[Path],
     keys = list(next(iter(loaded.values())).attribution["key"].sample(args.clicks, random_state=1))
     _side_by_side(f"first render (navigation -> every view drawn), median of {args.repeat}",
                   renders, _median_s)
+    for label, took in tabs.items():
+        print(f"  this tree: open the tab {label!r} -> its graphs drawn, median of "
+              f"{args.repeat}: {_median_ms(took)}")
     _side_by_side(f"click on a request -> its waterfall drawn (webdriver), median of {args.clicks}",
                   clicks)
     _side_by_side("  in the page: mousedown -> first frame with its waterfall", in_page)
@@ -364,7 +404,7 @@ def shoot(args: argparse.Namespace, runs: list[Path]) -> None:
     runner, url = serve(build_app(data.load_runs(runs)))
     driver = webdriver.Chrome(options=chromium_options(args.width, 1000))
     try:
-        screenshot(driver, url, args.screenshot, args.width)
+        screenshot(driver, url, args.screenshot, args.width, args.tab)
     finally:
         driver.quit()
         runner.stop()
@@ -380,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="REV",
                         help="also measure this git revision's dashboard, alternating with this tree's")
     parser.add_argument("--screenshot", type=Path, help="save a full-page PNG here instead")
+    parser.add_argument("--tab", help="with --screenshot: open the views' tab of this label first")
     parser.add_argument("--width", type=int, default=1500, help="browser width in px")
     parser.add_argument("--repeat", type=int, default=5, help="first renders to time")
     parser.add_argument("--clicks", type=int, default=8, help="request selections to time")

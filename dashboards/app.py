@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from dash import Dash, html
 
 from kvscope.dashboards import callbacks, chunk_callbacks, data, ids
-from kvscope.dashboards.pages import chunks, device, download, overview, request
+from kvscope.dashboards.pages import download, overview, request, views
 
 ASSETS = Path(__file__).with_name("assets")
 
@@ -47,9 +47,8 @@ def build_app(runs: dict[str, data.RunData], *, jaeger_url: str | None = None) -
     page = html.Main(className="page", children=[
         _header(runs),
         overview.layout(list(runs), data.phases(runs), phase),
+        views.layout(has_nvme),
         request.layout(options),
-        chunks.layout(),
-        device.layout(has_nvme),
         download.layout(),
     ])
     key = options[0]["value"] if options else None

@@ -9,6 +9,7 @@ CONCURRENCY_GRAPH = "concurrency-graph"  # mean components per concurrency level
 PERCENTILE_GRAPH = "percentile-graph"  # p50/p90/p99, one panel per component
 THROUGHPUT_GRAPH = "throughput-graph"  # requests/s and tokens/s per phase
 FINDINGS = "findings-table"  # analysis findings ("why"), per run
+VIEW_TABS = "view-tabs"  # which summary, chunk or device view is drawn (one at a time)
 
 REQUEST = "request-dropdown"  # the request whose waterfall is shown
 WATERFALL_GRAPH = "waterfall-graph"  # spans, block I/Os and device depth of one request

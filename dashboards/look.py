@@ -5,9 +5,10 @@ Plotly's figure objects validate every property each time one is set: building t
 page's views one trace and one axis update at a time took seconds at start-up (a 2x4 subplot
 grid alone ~70 ms, the template ~50-90 ms per figure; bench/dashboard_render.py). So the
 builders write traces and layouts as dicts and `figure` validates each figure once; the grids
-come from `make_subplots`, made once per shape. The template is plotly_white's layout and its
-defaults for the two trace types these views draw (bars' white outline): the defaults of its
-other twenty-odd trace types drew nothing here and were half of each figure's JSON.
+come from `make_subplots`, made once per shape. The template is plotly_white's layout without
+automargin and one default of its traces (bars' white outline): the defaults of its other
+trace types drew nothing here and were half of each figure's JSON, and what it left cost the
+browser time at every draw (`template_layout`, `TRACE_DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -32,33 +33,35 @@ def text(value: object) -> str:
 
 @functools.cache
 def template_layout() -> dict:
-    """PLOT_TEMPLATE's layout as JSON (every figure's defaults for axes, colours, fonts)."""
+    """PLOT_TEMPLATE's layout as JSON (every figure's defaults for axes, colours, fonts),
+    automargin off: each axis's automargin is a second layout pass per panel on every draw
+    (about 300 ms of a six-panel breakdown's first draw in headless Chromium), so the figures
+    keep MARGIN or size their own."""
     import plotly.io as pio
 
-    return pio.templates[PLOT_TEMPLATE].layout.to_plotly_json()
+    layout = pio.templates[PLOT_TEMPLATE].layout.to_plotly_json()
+    for axis in ("xaxis", "yaxis"):  # the template's axes are every x and y axis's defaults
+        layout[axis] = {**layout[axis], "automargin": False}
+    return layout
 
 
-DRAWN_TYPES = ("bar", "scatter")
+# The per-trace defaults kept from the template: the bars' white outline. Its fill patterns
+# (bar marker.pattern, scatter fillpattern) draw nothing without a shape, yet Plotly styles
+# every bar and trace for them: about 150 ms of the breakdown's first draw.
+TRACE_DEFAULTS = {"bar": [{"marker": {"line": {"color": "white", "width": 0.5}}}]}
 
 
 @functools.cache
 def _template() -> go.layout.Template:
-    import plotly.io as pio
-
-    defaults = pio.templates[PLOT_TEMPLATE].data
-    return go.layout.Template(layout=template_layout(),
-                              data={kind: getattr(defaults, kind) for kind in DRAWN_TYPES})
+    return go.layout.Template(layout=template_layout(), data=TRACE_DEFAULTS)
 
 
 @functools.cache
 def style_json() -> dict:
     """The look as plain layout JSON for a figure that is never a plotly object (the click
-    path): automargin off, so the caller sizes the margins. Automargin's second layout pass was
-    a large part of a click's redraw (bench/dashboard_render.py)."""
-    layout = copy.deepcopy(template_layout())
-    for axis in ("xaxis", "yaxis"):  # the template's axes are every x and y axis's defaults
-        layout[axis] = {**layout[axis], "automargin": False}
-    return {"template": {"layout": layout}, "legend": LEGEND, "margin": MARGIN}
+    path): the caller sizes the margins (automargin is off)."""
+    return {"template": {"layout": copy.deepcopy(template_layout())}, "legend": LEGEND,
+            "margin": MARGIN}
 
 
 def _title(title: str) -> dict:

@@ -32,6 +32,7 @@ SPAN_COLORS = {
 }
 IO_COLORS = {"I/O queued": "#fdd0a2", "I/O on device": "#7f2704"}
 DEVICE_BINS = 600  # points per time series: about one per pixel of a wide plot
+PLOT_PX = 1200  # about the waterfall's plot width: I/Os closer than a pixel are one segment
 LANE_PX = 26  # a lane's height at least; more lanes than fit in WATERFALL_PX make it taller
 LABEL_PX = 7  # width of a lane label's character at Plotly's 12 px font: the left margin
 # One size for every request's waterfall (up to FIXED_LANES lanes, e.g. "storage.read #12"):
@@ -93,18 +94,42 @@ def _io_lanes(io: pd.DataFrame) -> list[str]:
     return [f"I/O lane {k + 1}" for k in _lanes(io["start_ns"].to_numpy(), io["complete_ns"].to_numpy())]
 
 
-def _io_segments(io: pd.DataFrame, names: list[str], arrival_ns: int, width_px: float
-                 ) -> list[dict]:
+def _within_a_pixel(lanes: list[str], start: np.ndarray, end: np.ndarray, gap: float
+                    ) -> np.ndarray:
+    """A group number per interval: the intervals of one lane that overlap or lie less than
+    `gap` apart share one (each next to the reach of those before it in its lane)."""
+    frame = pd.DataFrame({"lane": lanes, "start": start, "end": end}).sort_values(
+        ["lane", "start"], kind="stable")
+    reach = frame.groupby("lane")["end"].cummax().groupby(frame["lane"]).shift(1)
+    starts = reach.isna() | (frame["start"] > reach + gap)
+    return starts.cumsum().reindex(range(len(lanes))).to_numpy()
+
+
+def _io_segments(io: pd.DataFrame, names: list[str], arrival_ns: int, width_px: float,
+                 pixel_ms: float) -> list[dict]:
     """Queued and on-device parts of the I/Os, one trace each (empty ones too: the same traces
-    for every request, so a redraw updates them instead of rebuilding the plot)."""
+    for every request, so a redraw updates them instead of rebuilding the plot). I/Os of a lane
+    less than `pixel_ms` apart are one segment: Plotly draws each segment as a path of its own,
+    and a slow request's 1,776 I/Os were 3,552 paths, ~500 ms of its draw, most of them
+    touching (bench/dashboard_render.py)."""
     what = [text(f"{op} {b // 1024} KiB tid {t}") for op, b, t in zip(io["op"], io["bytes"], io["tid"])]
     traces = []
     for name, start, end in (("I/O queued", "start_ns", "issue_ns"),
                              ("I/O on device", "issue_ns", "complete_ns")):
-        start_ms = (io[start] - arrival_ns).to_numpy() / 1e6
-        end_ms = (io[end] - arrival_ns).to_numpy() / 1e6
-        hover = [f"{w}<br>start {s:.2f} ms<br>{e - s:.3f} ms" for w, s, e in zip(what, start_ms, end_ms)]
-        traces.append(_segments(name, names, start_ms, end_ms, hover, width_px))
+        parts = pd.DataFrame({"lane": names, "start": (io[start] - arrival_ns).to_numpy() / 1e6,
+                              "end": (io[end] - arrival_ns).to_numpy() / 1e6,
+                              "bytes": io["bytes"].to_numpy(), "what": what})
+        parts["group"] = _within_a_pixel(names, parts["start"].to_numpy(), parts["end"].to_numpy(),
+                                         pixel_ms)
+        runs = parts.groupby("group", sort=False).agg(  # in the order of their first I/O
+            lane=("lane", "first"), start=("start", "min"), end=("end", "max"),
+            n=("start", "size"), bytes=("bytes", "sum"), what=("what", "first"))
+        labels = [w if n == 1 else f"{n} I/Os, {b // 1024} KiB"
+                  for w, n, b in zip(runs["what"], runs["n"], runs["bytes"])]
+        hover = [f"{w}<br>start {s:.2f} ms<br>{e - s:.3f} ms"
+                 for w, s, e in zip(labels, runs["start"], runs["end"])]
+        traces.append(_segments(name, runs["lane"].tolist(), runs["start"].to_numpy(),
+                                runs["end"].to_numpy(), hover, width_px))
     return traces
 
 
@@ -117,10 +142,25 @@ def _depth_in_window(depth: pd.DataFrame, start_ns: int, end_ns: int) -> pd.Data
     return pd.concat([before, depth.iloc[lo:hi]], ignore_index=True)
 
 
+def _depth_lane(depth: pd.DataFrame, start_ns: int, end_ns: int, bins: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The in-flight depth over the window as (ns since its start, level): every change while
+    they fit in `bins` points, else the peak per bin, a bin about a pixel wide. The slowest
+    request of a study's run held 47k changes: 0.8 MB of its waterfall's JSON and ~100 ms of
+    its draw, for more points than the lane has pixels (bench/dashboard_render.py)."""
+    lane = _depth_in_window(depth, start_ns, end_ns)
+    if len(lane) <= bins:
+        return (lane["ts_ns"] - start_ns).to_numpy(), lane["inflight"].to_numpy()
+    width = max((end_ns - start_ns) / bins, 1.0)
+    n = int((end_ns - start_ns) // width) + 1
+    return np.arange(n) * width, _binned_depth(lane, start_ns, width, n).to_numpy()
+
+
 def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
-              arrival_ns: int, first_token_ns: int, title: str) -> dict:
-    """One request on one axis (ms since arrival): spans, block I/Os, device in-flight depth,
-    as the figure's JSON (what the click callback sends; `build_waterfall` wraps it)."""
+              arrival_ns: int, first_token_ns: int, title: str, bins: int = DEVICE_BINS) -> dict:
+    """One request on one axis (ms since arrival): spans, block I/Os, device in-flight depth
+    (at most `bins` points), as the figure's JSON (what the click callback sends;
+    `build_waterfall` wraps it)."""
     _require(spans, ["name", "start_ns", "end_ns"], "the waterfall's spans")
     _require(io, ["start_ns", "issue_ns", "complete_ns", "bytes", "op", "tid"], "the waterfall's I/Os")
     _require(depth, ["ts_ns", "inflight"], "the waterfall's depth lane")
@@ -132,11 +172,12 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
     lanes = span_lanes + io_lanes
     height = max(WATERFALL_PX, LANE_PX * len(lanes) + 200)
     lane_px = (height - MARGIN_T - MARGIN_B) * (LANES_DOMAIN[1] - LANES_DOMAIN[0]) / len(lanes)
-    io_bars = _io_segments(io, io_names, arrival_ns, round(min(lane_px * 0.55, 40), 1))
     end_ns = max([first_token_ns, *spans["end_ns"], *io["complete_ns"]])
-    lane = _depth_in_window(depth, arrival_ns, end_ns)
-    depth_trace = {"type": "scatter", "x": ((lane["ts_ns"] - arrival_ns) / 1e6).tolist(),
-                   "y": lane["inflight"].tolist(), "mode": "lines", "line": {"shape": "hv",
+    io_bars = _io_segments(io, io_names, arrival_ns, round(min(lane_px * 0.55, 40), 1),
+                           (end_ns - arrival_ns) / 1e6 / PLOT_PX)
+    since_ns, inflight = _depth_lane(depth, arrival_ns, end_ns, bins)
+    depth_trace = {"type": "scatter", "x": (since_ns / 1e6).tolist(),
+                   "y": inflight.tolist(), "mode": "lines", "line": {"shape": "hv",
                    "color": "#555555"}, "fill": "tozeroy", "name": "device in-flight",
                    "hovertemplate": "%{y} in flight at %{x:.2f} ms<extra></extra>",
                    "xaxis": "x2", "yaxis": "y2"}
@@ -184,7 +225,7 @@ def _binned_depth(depth: pd.DataFrame, t0_ns: int, width_ns: float, bins: int) -
     b = _bin_index(depth["ts_ns"], t0_ns, width_ns)
     per_bin = depth.groupby(b)["inflight"].agg(["max", "last"]).reindex(range(bins))
     carried = per_bin["last"].ffill().shift(1)
-    return per_bin["max"].combine(carried, max).fillna(0)
+    return pd.Series(np.fmax(per_bin["max"], carried)).fillna(0)  # fmax: a bin without changes holds the level carried in
 
 
 def _run_series(depth: pd.DataFrame, reads: pd.DataFrame, bins: int) -> pd.DataFrame:

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Run selection and the TTFT views: per request, percentiles, throughput, per concurrency
-level, findings. The page opens on the cold phases (the study's question); the warm phase, one
-cold phase or all of them are one click away."""
+"""Run selection and the TTFT breakdown per request. The page opens on the cold phases (the
+study's question); the warm phase, one cold phase or all of them are one click away."""
 
 from __future__ import annotations
 
@@ -36,8 +35,4 @@ def layout(labels: list[str], phases: list[str], phase: str) -> html.Section:
         dcc.Graph(id=ids.BREAKDOWN_GRAPH, className="graph tall",
                   config={"displaylogo": False}),
         html.P("Click a request to show its waterfall below.", className="hint"),
-        dcc.Graph(id=ids.PERCENTILE_GRAPH, config={"displaylogo": False}),  # height: the figure's
-        dcc.Graph(id=ids.THROUGHPUT_GRAPH, className="graph", config={"displaylogo": False}),
-        dcc.Graph(id=ids.CONCURRENCY_GRAPH, config={"displaylogo": False}),  # height: the figure's
-        html.Div(children=[html.H2("Findings"), html.Div(id=ids.FINDINGS)]),
     ])

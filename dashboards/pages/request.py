@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One request: its spans, block I/Os and the device's in-flight depth on one time axis."""
+"""One request: its spans, block I/Os and the device's in-flight depth on one time axis, and
+its chunks along its prompt."""
 
 from __future__ import annotations
 
@@ -22,4 +23,6 @@ def layout(options: list[dict[str, str]]) -> html.Section:
                className="hint"),
         dcc.Graph(id=ids.WATERFALL_GRAPH, config={"displaylogo": False}),  # height: the figure's
         dcc.Store(id=ids.WATERFALL_PREFETCH),
+        html.H3("Its chunks, in prompt order: the tier that served each, or why it missed"),
+        dcc.Graph(id=ids.CHUNK_STRIP_GRAPH, config={"displaylogo": False}),
     ])

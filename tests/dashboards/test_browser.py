@@ -16,6 +16,12 @@ def graph_text(dash_duo, graph_id: str) -> str:
     return dash_duo.find_element(f"#{graph_id}").text
 
 
+def open_tab(dash_duo, label: str, graph_id: str) -> None:
+    """Open the views' tab of this label and wait until its graph `graph_id` has drawn."""
+    next(t for t in dash_duo.find_elements(f"#{ids.VIEW_TABS} .tab") if t.text == label).click()
+    dash_duo.wait_for_element(f"#{graph_id} .main-svg", timeout=60)
+
+
 def test_two_runs_side_by_side_every_view_and_no_console_errors(dash_duo, synthetic_runs):
     dash_duo.start_server(create_app(synthetic_runs, jaeger_url="http://127.0.0.1:16686"))
     dash_duo.wait_for_element(f"#{ids.BREAKDOWN_GRAPH} .bars path", timeout=20)
@@ -25,8 +31,14 @@ def test_two_runs_side_by_side_every_view_and_no_console_errors(dash_duo, synthe
     assert "storage_read" in breakdown  # the legend of components
     bars = dash_duo.find_elements(f"#{ids.BREAKDOWN_GRAPH} .bars path")
     assert len(bars) == 6 * 36  # 6 components x (12 + 24) cold requests: the default view
+    dash_duo.wait_for_contains_text(f"#{ids.PERCENTILE_GRAPH}", "p99", timeout=20)  # open tab
+    for closed in (ids.THROUGHPUT_GRAPH, ids.CONCURRENCY_GRAPH, ids.CHUNK_REASONS_GRAPH,
+                   ids.DEVICE_GRAPH, ids.NVME_GRAPH):
+        assert not dash_duo.find_elements(f"#{closed}")  # not drawn until its tab opens
+    open_tab(dash_duo, "Mean breakdown per concurrency", ids.CONCURRENCY_GRAPH)
     assert "c=4" in graph_text(dash_duo, ids.CONCURRENCY_GRAPH)  # its level, numeric order
-    assert "p99" in graph_text(dash_duo, ids.PERCENTILE_GRAPH)
+    assert not dash_duo.find_elements(f"#{ids.PERCENTILE_GRAPH}")  # one tab drawn at a time
+    open_tab(dash_duo, "Storage device", ids.NVME_GRAPH)
     assert "in-flight requests" in graph_text(dash_duo, ids.DEVICE_GRAPH)
     assert "q1" in graph_text(dash_duo, ids.NVME_GRAPH)
     selected = dash_duo.find_element(f"#{ids.REQUEST}").text  # `run · phase · id · ms`
@@ -34,6 +46,7 @@ def test_two_runs_side_by_side_every_view_and_no_console_errors(dash_duo, synthe
     link = dash_duo.find_element(f"#{ids.JAEGER_LINK} a").get_attribute("href")
     assert link.startswith("http://127.0.0.1:16686/trace/") and len(link.rsplit("/", 1)[1]) == 32
     # the chunk ledger of the cold phases: tally per run, reasons over time, the request's strip
+    open_tab(dash_duo, "Chunks", ids.CHUNK_REASONS_GRAPH)
     dash_duo.wait_for_contains_text(f"#{ids.CHUNK_TABLE}", "hit: disk", timeout=20)
     tally = dash_duo.find_element(f"#{ids.CHUNK_TABLE}").text
     assert "serial" in tally and "parallel" in tally and "miss: " in tally
@@ -84,13 +97,17 @@ def test_clicking_a_request_bar_updates_its_waterfall(dash_duo, synthetic_runs):
 def test_the_page_opens_on_the_cold_phases_and_warm_is_one_click_away(dash_duo, synthetic_runs):
     dash_duo.start_server(create_app(synthetic_runs))
     dash_duo.wait_for_element(f"#{ids.BREAKDOWN_GRAPH} .bars path", timeout=60)
-    dash_duo.wait_for_contains_text(f"#{ids.THROUGHPUT_GRAPH}", "requests/s", timeout=20)
+    dash_duo.wait_for_contains_text(f"#{ids.PERCENTILE_GRAPH}", "ttft", timeout=20)
     checked = dash_duo.find_element(f"#{ids.PHASE} input:checked").get_attribute("value")
     assert checked == "cold*"
     percentiles = graph_text(dash_duo, ids.PERCENTILE_GRAPH)
     for component in ("ttft", "storage_read", "prefill", "queueing"):
         assert component in percentiles  # one panel each
-    assert "warm" not in percentiles and "warm" not in graph_text(dash_duo, ids.CONCURRENCY_GRAPH)
+    assert "warm" not in percentiles
+    open_tab(dash_duo, "Throughput", ids.THROUGHPUT_GRAPH)
+    assert "requests/s" in graph_text(dash_duo, ids.THROUGHPUT_GRAPH)
+    open_tab(dash_duo, "Mean breakdown per concurrency", ids.CONCURRENCY_GRAPH)
+    assert "warm" not in graph_text(dash_duo, ids.CONCURRENCY_GRAPH)
     assert "cold" in dash_duo.find_element(f"#{ids.REQUEST}").text  # a cold request's waterfall
     assert len(dash_duo.find_elements(f"#{ids.BREAKDOWN_GRAPH} .bars path")) == 6 * 36
     warm = next(e for e in dash_duo.find_elements(f"#{ids.PHASE} label") if e.text == "warm")
@@ -163,21 +180,23 @@ def test_six_profiles_stay_readable(dash_duo, six_profiles, tmp_path):
     dash_duo.start_server(create_app(six_profiles))
     # six runs' views drawn by software-rendering Chromium on a shared 2-core machine: slow
     dash_duo.wait_for_contains_text(f"#{ids.WATERFALL_GRAPH} .gtitle", "TTFT", timeout=90)
-    for graph in (ids.PERCENTILE_GRAPH, ids.CONCURRENCY_GRAPH, ids.THROUGHPUT_GRAPH):
-        dash_duo.wait_for_element(f"#{graph} .xtick text", timeout=90)
+    dash_duo.wait_for_element(f"#{ids.PERCENTILE_GRAPH} .xtick text", timeout=90)
     driver = dash_duo.driver
     percentiles = graph_text(dash_duo, ids.PERCENTILE_GRAPH)
     for name in SIX:
         assert name in percentiles  # the legend: one entry per run
-    for graph in (ids.PERCENTILE_GRAPH, ids.CONCURRENCY_GRAPH, ids.THROUGHPUT_GRAPH):
+    views = {  # graph -> its tab, the tick labels of each of its panels
+        ids.PERCENTILE_GRAPH: ("Percentiles per component", [["1", "8", "16"]] * 7),
+        ids.CONCURRENCY_GRAPH: ("Mean breakdown per concurrency", [["c=1", "c=8", "c=16"]] * 6),
+        ids.THROUGHPUT_GRAPH: ("Throughput", [["cold-c1 c=1", "cold-c8 c=8", "cold-c16 c=16"]] * 3),
+    }
+    for graph, (tab, ticks) in views.items():
+        open_tab(dash_duo, tab, graph)
+        dash_duo.wait_for_element(f"#{graph} .xtick text", timeout=90)
         boxes = driver.execute_script(TEXT_BOXES_JS, graph)
         assert len(boxes) > 10, graph
         assert overlaps(boxes) == [], graph
-    axes = [t for t in driver.execute_script(TICKS_JS, ids.PERCENTILE_GRAPH) if t]
-    assert axes == [["1", "8", "16"]] * 7  # one panel per component, the grid's spare cell empty
-    axes = [t for t in driver.execute_script(TICKS_JS, ids.CONCURRENCY_GRAPH) if t]
-    assert axes == [["c=1", "c=8", "c=16"]] * 6
-    axes = [t for t in driver.execute_script(TICKS_JS, ids.THROUGHPUT_GRAPH) if t]
-    assert axes == [["cold-c1 c=1", "cold-c8 c=8", "cold-c16 c=16"]] * 3
-    driver.save_screenshot(str(tmp_path / "six-profiles.png"))
+        # one panel per component (the grid's spare cell empty) / per run / per metric
+        assert [t for t in driver.execute_script(TICKS_JS, graph) if t] == ticks, graph
+        driver.save_screenshot(str(tmp_path / f"six-profiles-{graph}.png"))
     assert dash_duo.get_logs() == []

@@ -232,6 +232,21 @@ def test_waterfall_puts_spans_and_ios_on_ms_since_arrival():
     assert list(lane.y) == [1, 2, 1]  # the level carried in at arrival comes first
 
 
+def test_waterfall_depth_lane_is_thinned_to_its_peaks():
+    """A busy device changes depth more often than the lane has pixels: past `bins` changes the
+    lane is the peak per bin, so a one-change spike stays visible."""
+    spans, io, _, arrival = waterfall_inputs()
+    ts = arrival + np.arange(10_000) * 2_000  # a change every 2 us over the 20 ms request
+    inflight = np.where(np.arange(10_000) == 7_777, 64, np.arange(10_000) % 3)
+    depth = pd.DataFrame({"ts_ns": ts, "inflight": inflight})
+    fig = timeline.waterfall(spans, io, depth, arrival_ns=arrival,
+                             first_token_ns=arrival + 20_000_000, title="busy", bins=100)
+    lane = fig["data"][-1]
+    assert len(lane["x"]) <= 101 and set(lane["y"][:-1]) == {2, 64}  # each bin's peak
+    assert lane["y"][-1] == 0  # past the last change (0): the level it left
+    assert lane["x"][0] == 0.0 and lane["x"][-1] <= 20.0 and lane["x"] == sorted(lane["x"])
+
+
 def test_waterfall_json_is_slim_and_sizes_its_own_margins():
     """What a click sends: no per-trace template defaults, no automargin and no legend (each a
     second layout pass on every redraw), so the left margin must fit the longest lane label."""
