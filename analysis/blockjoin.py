@@ -134,6 +134,12 @@ def _non_empty(reads: pd.DataFrame, key: str) -> np.ndarray:
     return (lengths.to_numpy() > 0).astype(bool)
 
 
+def is_read(block_io: pd.DataFrame) -> pd.Series:
+    """Per block I/O: whether it reads (its op, the kernel's rwbs flags, starts with R: R, RA,
+    RS...); told once per label when op is a categorical (contract.rundir.read_table)."""
+    return block_io["op"].str.startswith("R", na=False)
+
+
 def join(reads: pd.DataFrame, block_io: pd.DataFrame) -> pd.DataFrame:
     """Block reads matched to a storage.read span's request (JOINED_COLUMNS), indexed by
     their labels in `block_io`.
@@ -141,7 +147,7 @@ def join(reads: pd.DataFrame, block_io: pd.DataFrame) -> pd.DataFrame:
     `reads`: the storage.read spans with columns key (the request), start_ns, end_ns and their
     attributes (dicts or typed columns). Each block read goes to at most one request.
     """
-    io = block_io[block_io["op"].astype(str).str.startswith("R")]
+    io = block_io[is_read(block_io)]
     if io.empty or reads.empty:
         return _empty()
     labels = io.index.to_numpy()
@@ -181,7 +187,7 @@ def _overlapping(extents: pd.DataFrame, io: pd.DataFrame) -> pd.DataFrame:
     end = first + -(-io["bytes"].to_numpy(np.int64) // SECTOR)
     found = []
     for device, group in extents.groupby("device", sort=False):
-        on_device = np.flatnonzero((io["device"].astype(str) == device).to_numpy())
+        on_device = np.flatnonzero((io["device"] == device).to_numpy())
         if len(on_device) == 0:
             continue
         lo, hi = group["first_sector"].to_numpy(), group["end_sector"].to_numpy()

@@ -11,14 +11,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvscope.analysis import blockjoin
+
 LITTLE_TOLERANCE = 0.25  # |sampled / predicted - 1| above this is reported
 
 
 def read_bandwidth(block_io: pd.DataFrame) -> list[dict[str, Any]]:
     """Per phase: bytes read, time with a read in flight, and bytes / that busy time."""
-    reads = block_io[block_io["op"].astype(str).str.startswith("R")]
+    reads = block_io[blockjoin.is_read(block_io)]
     out = []
-    for phase, group in reads.groupby("phase", sort=False):
+    for phase, group in reads.groupby("phase", sort=False, observed=True):
         busy = _union_ns(group["start_ns"].to_numpy(), group["complete_ns"].to_numpy())
         total = int(group["bytes"].sum())
         span = int(group["complete_ns"].max() - group["start_ns"].min())
@@ -42,7 +44,7 @@ def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
 def _weighted(queue_depth: pd.DataFrame) -> pd.DataFrame:
     """Samples with the time (ns) each depth held, per device and hardware queue."""
     qd = queue_depth.sort_values(["device", "hw_queue", "ts_ns"], kind="stable")
-    following = qd.groupby(["device", "hw_queue"])["ts_ns"].shift(-1)
+    following = qd.groupby(["device", "hw_queue"], observed=True)["ts_ns"].shift(-1)
     return qd.assign(held_ns=(following - qd["ts_ns"]).fillna(0).astype("int64"))
 
 
@@ -50,7 +52,8 @@ def depth_distribution(queue_depth: pd.DataFrame) -> list[dict[str, Any]]:
     """Per device (whole-device rows): time-weighted mean, percentiles, max and histogram."""
     weighted = _weighted(queue_depth[queue_depth["hw_queue"] == -1])
     out = []
-    for (device, source), group in weighted.groupby(["device", "source"], sort=False):
+    for (device, source), group in weighted.groupby(["device", "source"], sort=False,
+                                                    observed=True):
         held = group.groupby("inflight")["held_ns"].sum()
         total = held.sum()
         if total <= 0:
@@ -71,7 +74,7 @@ def depth_by_phase(queue_depth: pd.DataFrame) -> list[dict[str, Any]]:
     (a run's warm phase can last minutes at depth 0 and would dilute a cold phase's depth)."""
     return [{"phase": str(phase), "device": d["device"], "source": d["source"], "mean": d["mean"],
              "max": d["max"], "observed_s": d["observed_s"]}
-            for phase, group in queue_depth.groupby("phase", sort=False)
+            for phase, group in queue_depth.groupby("phase", sort=False, observed=True)
             for d in depth_distribution(group)]
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from kvscope.analysis import spantable
+from kvscope.analysis import blockjoin, spantable
 from kvscope.contract import semconv
 
 BACK_TO_BACK_NS = 20_000_000  # a reader's next read within this was waiting on the reader, not on work
@@ -66,7 +66,7 @@ def phase_reads(block_io: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
     in_phase = spans[spans["request_id"].isin(
         requests.loc[requests["phase"] == phase, "request_id"].astype(str))]
     tids = _reader_tids(in_phase[in_phase["name"] == semconv.SPAN_STORAGE_READ])
-    io = block_io[(block_io["phase"] == phase) & block_io["op"].astype(str).str.startswith("R")
+    io = block_io[(block_io["phase"] == phase) & blockjoin.is_read(block_io)
                   & block_io["tid"].isin(tids)]
     if io.empty:
         return None

@@ -15,6 +15,8 @@ from kvscope.contract.rundir import empty_table
 from kvscope.contract.spantable import META_NOTES, META_PROBLEMS
 
 ATTRIBUTION_TABLES = ("requests", "block_io")  # what attribution reads besides the spans
+# what a typed load reads of them (the others whole)
+_TYPED_COLUMNS = {"block_io": rundir.BLOCK_IO_ANALYSIS_COLUMNS}
 _WHY_MISSING = {
     "block_io": "storage read cannot be split into device queue / service / software",
     "queue_depth": "no queue-depth distribution or Little's-law check",
@@ -46,7 +48,9 @@ def load_run(path: str | Path, *, typed: bool = False) -> Run:
     """Read every table and span file of the run at `path` (the spans from RUN/spans.parquet
     while it is current: analysis.spantable). `typed`: the compact form attribution reads:
     spans as spantable.typed_frame (typed attribute columns, no attribute dicts, no ids), and
-    of the probe tables only block_io (the others are left empty; `read_tables` adds them).
+    of the probe tables only block_io, its columns analysis reads (the others are left
+    empty; `read_tables` adds them). Label columns of the probe tables (phase, device, op...)
+    are categoricals either way (contract.rundir.read_table).
 
     Raises:
         FileNotFoundError: `path` is not a directory.
@@ -59,8 +63,11 @@ def load_run(path: str | Path, *, typed: bool = False) -> Run:
     rundir.check_readable(path)
     problems = rundir.validate(path)
     manifest = _manifest(path, problems)
-    tables = {name: _table(path, name, problems) if name in ATTRIBUTION_TABLES or not typed
-              else empty_table(name) for name in rundir.TABLES}
+    if typed:
+        tables = {name: _table(path, name, problems, _TYPED_COLUMNS.get(name))
+                  if name in ATTRIBUTION_TABLES else empty_table(name) for name in rundir.TABLES}
+    else:
+        tables = {name: _table(path, name, problems) for name in rundir.TABLES}
     offset_ns = _offset_ns(manifest, problems)
     if typed:
         spans, server_spans, meta = spantable.load_typed(path, offset_ns,
@@ -94,13 +101,16 @@ def _manifest(path: Path, problems: list[str]) -> dict[str, Any]:
         return {}  # validate() already said why
 
 
-def _table(path: Path, name: str, problems: list[str]) -> pd.DataFrame:
-    frame = rundir.read_table(path, name)
+def _table(path: Path, name: str, problems: list[str],
+           columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Table `name` (only `columns` of it, when given), empty when the run lacks it or any
+    column of its schema."""
+    frame = rundir.read_table(path, name, columns)
     if frame is None:
         if name in _WHY_MISSING:  # validate() reports requests; the other tables are optional
             problems.append(f"{rundir.TABLES[name].file} is missing: {_WHY_MISSING[name]}")
         return empty_table(name)
-    if any(c not in frame.columns for c in rundir.TABLES[name].columns):
+    if any(c not in frame.columns for c in columns or rundir.TABLES[name].columns):
         return empty_table(name)  # validate() named the missing columns
     return frame
 

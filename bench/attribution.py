@@ -13,7 +13,8 @@ fresh process so its peak RSS is its own:
 - convert: OTLP JSON -> RUN/spans.parquet (once per run: `kvscope analyze` does it first);
   with --baseline, the baseline's conversion runs first (up to --convert-old-up-to requests)
   and the two tables are compared column by column;
-- plain: a plain parquet read of the tables and span columns the new load reads;
+- plain: a plain parquet read (strings as strings) of the tables and span columns the new
+  load reads;
 - new-old: the baseline's load_run(typed=True) + attribution in slices, rows compared;
 - new: load_run(typed=True) from spans.parquet + attribution in slices (what analyze runs);
 - dask: the same through `kvscope analyze --engine dask` on a local cluster of 2 workers.
@@ -74,7 +75,10 @@ def _step(name: str, run: Path, rows: Path) -> dict[str, Any]:
         import pyarrow.parquet as pq
         from kvscope.analysis import spantable
         from kvscope.contract import spantable as spec
-        tables = [pd.read_parquet(run / f) for f in ("requests.parquet", "block_io.parquet")]
+        from kvscope.contract import rundir
+        tables = [pd.read_parquet(run / "requests.parquet"),
+                  pd.read_parquet(run / "block_io.parquet",
+                                  columns=list(rundir.BLOCK_IO_ANALYSIS_COLUMNS))]
         present = pq.read_schema(run / spantable.FILE).names
         typed = [k for k in spec.TYPED_ATTRIBUTES if k in present]
         pq.read_table(run / spantable.FILE, columns=[*spec.ANALYSIS_COLUMNS, *typed]).to_pandas()

@@ -13,7 +13,7 @@ import os
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -63,6 +63,9 @@ class TableSpec:
     file: str
     schema: pa.Schema
     producer: str
+    # string columns of a few repeated values (phase, device, op...): read as categoricals, a
+    # code per row instead of a string (block_io holds one row per I/O: 10M at a day's run)
+    labels: tuple[str, ...] = ()
 
     @property
     def columns(self) -> list[str]:
@@ -85,10 +88,12 @@ TABLES: dict[str, TableSpec] = {
         ttft_s=F, e2e_s=F, status=S, error=S), "workload driver (kvscope run)"),
     "block_io": TableSpec("block_io.parquet", _schema(
         phase=S, device=S, dev=S, sector=I, bytes=I, op=S, pid=I, tid=I, comm=S, start_ns=I,
-        issue_ns=I, complete_ns=I, error=I), "probes (block probe)"),
+        issue_ns=I, complete_ns=I, error=I), "probes (block probe)",
+        labels=("phase", "device", "dev", "op", "comm")),
     "queue_depth": TableSpec("queue_depth.parquet", _schema(
         phase=S, ts_ns=I, device=S, hw_queue=I, inflight=I, source=S),
-        "probes (block and NVMe probes, or the sysfs fallback sampler)"),
+        "probes (block and NVMe probes, or the sysfs fallback sampler)",
+        labels=("phase", "device", "source")),
     "nvme_io": TableSpec("nvme_io.parquet", _schema(
         phase=S, ctrl_id=I, transport=S, disk=S, qid=I, cid=I, opcode=I, nsid=I, bytes=I,
         setup_ns=I, complete_ns=I, status=I), "probes (NVMe probe)"),
@@ -99,6 +104,12 @@ TABLES: dict[str, TableSpec] = {
         phase=S, device=S, pid=I, op=S, **dict.fromkeys(IO_TOTALS_COUNTERS, I), window_ns=I),
         "probes (aggregate block probe)"),
 }
+
+# What analysis reads of block_io (the join to requests, bandwidth, Little's law, the read
+# path): a typed load (analysis.load_run(typed=True)) reads only these; dev, pid, comm and
+# error are there for people reading the table.
+BLOCK_IO_ANALYSIS_COLUMNS = ("phase", "device", "op", "sector", "bytes", "tid", "start_ns",
+                             "issue_ns", "complete_ns")
 
 
 # The chunk ledger: one row per chunk a request looked up, written by analysis from the
@@ -206,12 +217,25 @@ def append_table(run: Path, name: str, frame: pd.DataFrame) -> None:
             frame.to_parquet(f, index=False)
 
 
-def read_table(run: Path, name: str) -> pd.DataFrame | None:
-    """The table, or None when this run has none (a producer was off)."""
+def read_table(run: Path, name: str, columns: Sequence[str] | None = None
+               ) -> pd.DataFrame | None:
+    """The table, or None when this run has none (a producer was off). `columns`: only those
+    of them the file has. Its label columns (TableSpec.labels) come as categoricals whose
+    categories are in sorted order, so sorting or grouping by them orders rows as their
+    strings would."""
     path = table_path(run, name)
     if not path.exists():
         return None
-    return pd.read_parquet(path)
+    schema = pq.read_schema(path)
+    read = schema.names if columns is None else [c for c in columns if c in schema.names]
+    labels = [c for c in TABLES[name].labels if c in read
+              and (pa.types.is_string(schema.field(c).type)
+                   or pa.types.is_large_string(schema.field(c).type))]
+    frame = pd.read_parquet(path, columns=None if columns is None else read,
+                            read_dictionary=labels)
+    for c in labels:
+        frame[c] = frame[c].cat.reorder_categories(frame[c].cat.categories.sort_values())
+    return frame
 
 
 def schema_problems(name: str, schema: pa.Schema) -> list[str]:

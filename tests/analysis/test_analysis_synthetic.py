@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -76,3 +77,33 @@ def test_direct_encoder_writes_the_sdk_encoders_documents(tmp_path):
         documents[encoder] = [json.loads(f.read_text())
                               for f in sorted((path / "spans").glob("*.json"))]
     assert len(documents["sdk"]) > 1 and documents["direct"] == documents["sdk"]
+
+
+def test_label_columns_are_categoricals_that_analyse_as_their_strings(synthetic_run, tmp_path):
+    """block_io's and queue_depth's phase, device, op... come as categoricals (a code per I/O,
+    not a string): compared, sorted and grouped, they give the attribution and summary the
+    strings give. A second disk whose rows come first but whose name sorts last tells sorted
+    categories from ones in order of appearance."""
+    run = Path(shutil.copytree(synthetic_run, tmp_path / "run"))
+    for name in ("block_io", "queue_depth"):
+        table = pd.read_parquet(rundir.table_path(run, name))
+        table.loc[: len(table) // 3, "device"] = "zz0"
+        table.to_parquet(rundir.table_path(run, name), index=False)
+    loaded = analysis.load_run(run)
+    for name in ("block_io", "queue_depth"):
+        frame = getattr(loaded, name)
+        assert all(isinstance(frame[c].dtype, pd.CategoricalDtype)
+                   for c in rundir.TABLES[name].labels), name
+        assert list(frame["device"].cat.categories) == ["vda", "zz0"]
+    plain = analysis.load_run(run)
+    plain.block_io, plain.queue_depth = (pd.read_parquet(rundir.table_path(run, name))
+                                         for name in ("block_io", "queue_depth"))
+    got, want = analysis.attribute(loaded), analysis.attribute(plain)
+    pd.testing.assert_frame_equal(got, want)
+    summary = analysis.summarize(loaded, got)
+    assert [d["device"] for d in summary["queue_depth"]] == ["vda", "zz0"]
+    assert summary["read_path"] and summary["littles_law"]
+    assert json.dumps(summary) == json.dumps(analysis.summarize(plain, want))
+    typed = analysis.load_run(run, typed=True)  # what attribution reads of block_io only
+    assert list(typed.block_io.columns) == list(rundir.BLOCK_IO_ANALYSIS_COLUMNS)
+    pd.testing.assert_frame_equal(analysis.attribute(typed), got)
