@@ -53,7 +53,7 @@ def attribute(requests: pd.DataFrame, spans: pd.DataFrame, block_io: pd.DataFram
     if workers is None:
         workers = parallel.cores() if len(requests) >= PARALLEL_REQUESTS else 1
 
-    def sub_runs() -> Iterator[tuple[Any, ...]]:
+    def sub_runs(cut: _Cutter) -> Iterator[tuple[Any, ...]]:
         for core in cores:
             rows, span_rows, io_rows = cut.context(core)
             sub = requests.iloc[rows]
@@ -62,9 +62,11 @@ def attribute(requests: pd.DataFrame, spans: pd.DataFrame, block_io: pd.DataFram
             yield (sub, _own_categories(spans.iloc[span_rows]), block_io.iloc[io_rows], notes,
                    np.isin(rows, core), have_block_io, options)
 
-    parts = [frame.set_axis(core) for core, frame in  # a slice's own rows: its core, sorted
-             zip(cores, parallel.ordered(_slice_rows, sub_runs(), workers))]
-    return pd.concat(parts).sort_index().reset_index(drop=True)
+    pieces = sub_runs(cut)
+    del cut  # held by the pieces until the last is cut (not while the rows are joined)
+    rows = pd.concat(frame.set_axis(core) for core, frame in  # a slice's own rows: its core
+                     zip(cores, parallel.ordered(_slice_rows, pieces, workers)))
+    return rows.sort_index().reset_index(drop=True)  # the slices' frames freed by now
 
 
 def _slice_rows(requests: pd.DataFrame, spans: pd.DataFrame, block_io: pd.DataFrame,

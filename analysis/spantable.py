@@ -78,8 +78,9 @@ def load_typed(run: Path, offset_ns: int, names: tuple[str, ...]
     table = _read(path, columns=[]) if path else build(span_files(run), offset_ns)
     columns = [*spec.ANALYSIS_COLUMNS, *_holding(path, table)]
     named = pc.field("name").isin(list(names))
-    if path:
-        every = pq.read_table(path, columns=columns)
+    if path:  # strings read as dictionaries: a code per span, never the span's string
+        every = pq.read_table(path, columns=columns, read_dictionary=[
+            c for c in columns if pa.types.is_string(spec.SCHEMA.field(c).type)])
         some = pq.read_table(path, columns=[*columns, "trace_id"], filters=named)
     else:
         every = table.select(columns)
