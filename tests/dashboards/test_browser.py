@@ -174,14 +174,18 @@ def overlaps(boxes: list) -> list[tuple[str, str]]:
 
 
 def test_six_profiles_stay_readable(dash_duo, six_profiles, tmp_path):
-    """The study's six profiles side by side: the percentile and per-concurrency views draw no
-    label over another and put concurrency in numeric order (1, 8, 16), one colour per run."""
+    """The study's six profiles side by side: the breakdown, percentile, per-concurrency and
+    throughput views draw no label over another and put concurrency in numeric order (1, 8,
+    16), one colour per run."""
     dash_duo.driver.set_window_size(1500, 1000)
     dash_duo.start_server(create_app(six_profiles))
     # six runs' views drawn by software-rendering Chromium on a shared 2-core machine: slow
     dash_duo.wait_for_contains_text(f"#{ids.WATERFALL_GRAPH} .gtitle", "TTFT", timeout=90)
     dash_duo.wait_for_element(f"#{ids.PERCENTILE_GRAPH} .xtick text", timeout=90)
     driver = dash_duo.driver
+    dash_duo.wait_for_element(f"#{ids.BREAKDOWN_GRAPH} .annotation-text", timeout=90)
+    breakdown = driver.execute_script(TEXT_BOXES_JS, ids.BREAKDOWN_GRAPH)  # one block per run
+    assert {name for name, *_ in breakdown} >= set(SIX) and overlaps(breakdown) == []
     percentiles = graph_text(dash_duo, ids.PERCENTILE_GRAPH)
     for name in SIX:
         assert name in percentiles  # the legend: one entry per run
