@@ -76,6 +76,7 @@ def initial_views(runs: dict[str, data.RunData], phase: str, key: str | None,
         (ids.THROUGHPUT_GRAPH, "figure"): throughput, (ids.FINDINGS, "children"): findings,
         (ids.JAEGER_LINK, "children"): link, (ids.REQUEST_DETAILS, "children"): details,
         (ids.CHUNK_TABLE, "children"): chunk_table, (ids.CHUNK_REASONS_GRAPH, "figure"): reasons,
+        (ids.WATERFALL_GRAPH, "figure"): callbacks.waterfall_of(runs, key),
         (ids.CHUNK_STRIP_GRAPH, "figure"): chunk_callbacks.update_chunk_strip(runs, key),
         (ids.DEVICE_GRAPH, "figure"): callbacks.update_device(runs, labels),
     }

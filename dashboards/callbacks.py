@@ -176,8 +176,9 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
     def _summary(labels, phase):
         return update_summary_views(runs, labels, phase)
 
-    # The layout already holds the slowest request and its options: no call at page load, so
-    # the waterfall draws at once instead of after a round trip.
+    # The layout already holds the slowest request, its options and its waterfall: no call at
+    # page load, so the waterfall draws at once instead of after a round trip (and after an
+    # empty plot drawn while it came).
     @app.callback(Output(ids.REQUEST, "options"), Output(ids.REQUEST, "value"),
                   Input(ids.RUNS, "value"), Input(ids.PHASE, "value"),
                   Input(ids.REQUEST, "search_value"), State(ids.REQUEST, "value"),
@@ -194,7 +195,8 @@ def register(app: Dash, runs: dict[str, RunData], jaeger_url: str | None, has_nv
                             Output(ids.WATERFALL_PREFETCH, "data"),
                             Input(ids.BREAKDOWN_GRAPH, "hoverData"), prevent_initial_call=True)
     app.clientside_callback(ClientsideFunction("kvscope", "waterfall"),
-                            Output(ids.WATERFALL_GRAPH, "figure"), Input(ids.REQUEST, "value"))
+                            Output(ids.WATERFALL_GRAPH, "figure"), Input(ids.REQUEST, "value"),
+                            prevent_initial_call=True)
 
     @app.callback(Output(ids.JAEGER_LINK, "children"), Output(ids.REQUEST_DETAILS, "children"),
                   Input(ids.REQUEST, "value"), prevent_initial_call=True)

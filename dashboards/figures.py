@@ -39,7 +39,12 @@ SORT_KEYS = {
 # page's width: a run with more has its ranks binned and one request drawn per bin
 # (`representatives`); more points than pixels look the same and each costs the browser time.
 MAX_POINTS = 1200
-MIN_POINTS_PER_RUN = 100  # a run's panel keeps at least this many, however many runs
+MIN_POINTS_PER_RUN = 100  # a run's block keeps at least this many, however many runs
+# Drawn requests up to which each is a bar (some 8 px wide or more at the page's width). Past
+# it a bar is a sliver, and each is a path per component the browser styles at every draw
+# (~2,000 for a seven-profile study: most of the breakdown's first draw), so the runs are
+# stacked step areas instead, one path per component and run.
+BAR_LIMIT = 150
 
 
 _Built = TypeVar("_Built")
@@ -84,12 +89,17 @@ def representatives(ordered: pd.DataFrame, points: int, by: str) -> pd.DataFrame
 
 def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
                     max_points: int = MAX_POINTS) -> go.Figure:
-    """TTFT per request as stacked components, one panel per run, requests in `sort_by` order.
+    """TTFT per request as stacked components, requests in `sort_by` order, the runs as blocks
+    side by side on one axis (one request per unit, a gap between runs, each run's name above
+    its block): one pair of axes however many runs, where a panel per run cost the browser a
+    layout pass per axis at every draw (bench/dashboard_render.py).
 
-    Up to `max_points` requests across the panels as bars; a run with more is drawn as a
-    stacked step area through one request per bin of ranks (`representatives`: the one the
-    sort puts first in its bin, or the slowest when sorted by arrival). Each drawn request
-    carries its `key` as customdata so a click selects it (assets/waterfall.js).
+    Up to BAR_LIMIT requests as bars (one trace per component); more as stacked step areas
+    (one trace per component and run, so no stack bridges two runs). Up to `max_points`
+    requests across the runs are drawn; a run with more is drawn through one request per bin
+    of ranks (`representatives`: the one the sort puts first in its bin, or the slowest when
+    sorted by arrival). Each drawn request carries its `key` as customdata so a click selects
+    it (assets/waterfall.js).
     """
     column = SORT_KEYS.get(sort_by)
     if column is None:
@@ -101,42 +111,54 @@ def build_breakdown(attribution: pd.DataFrame, *, sort_by: str = "TTFT",
     runs = list(dict.fromkeys(attribution["run"]))
     points = max(min(MIN_POINTS_PER_RUN, max_points), max_points // len(runs))
     by = "TTFT" if sort_by == "arrival" else sort_by
+    counts = attribution["run"].value_counts()
+    gap = 1 + len(attribution) // 50  # between two runs' blocks: ~2% of the axis
+    starts = dict(zip(runs, np.cumsum([0] + [int(counts[run]) + gap for run in runs[:-1]])
+                      .tolist()))
     drawn = {run: representatives(mine.sort_values(column, kind="stable",
                                                    ascending=sort_by == "arrival"),
                                   points, SORT_KEYS[by])
              for run, mine in attribution.groupby("run", sort=False)}
-    counts = attribution["run"].value_counts()
     binned = any(len(rows) < counts[run] for run, rows in drawn.items())
-    layout = grid(1, len(runs), [text(run) for run in runs], facets=True, shared_yaxes=True,
-                  horizontal_spacing=0.02)
+    areas = binned or sum(len(rows) for rows in drawn.values()) > BAR_LIMIT
+    shown = [drawn[run].assign(x=drawn[run]["rank"] + starts[run]) for run in runs]
+    if areas:  # a step per drawn request, the last one's to its block's end (its last rank)
+        shown = [pd.concat([rows, rows.iloc[-1:].assign(x=starts[run] + int(counts[run]))])
+                 for run, rows in zip(runs, shown)]
     data: list[dict[str, Any]] = []
-    for i, run in enumerate(runs):
-        rows = drawn[run]
-        ranks = rows["rank"].to_numpy("int32")
+    for i, rows in enumerate(shown if areas else [pd.concat(shown)]):
         names = rows["request_id"].map(text)
         for component in COMPONENTS:
             first = component == COMPONENTS[0]  # the key rides on one component: 1/6 the bytes
             trace: dict[str, Any] = {
-                "name": component, "legendgroup": component, "showlegend": i == 0, "x": ranks,
+                "name": component, "legendgroup": component, "showlegend": i == 0,
+                "x": rows["x"].to_numpy("int64"),
                 "y": (rows[f"{component}_ns"].to_numpy("float64") / 1e6).round(3),
-                "hovertemplate": "%{customdata[1]}: %{y:.2f} ms" if first else "%{y:.2f} ms",
-                **axes(i)}
+                "hovertemplate": "%{customdata[1]}: %{y:.2f} ms" if first else "%{y:.2f} ms"}
             if first:
                 trace["customdata"] = list(zip(rows["key"], names))
-            if binned:
-                trace.update(type="scatter", mode="lines", stackgroup="1",
+            if areas:  # a stack group per run: one shared group would stack every run's
+                # traces at every run's x, adding zero points the hover reports as requests
+                trace.update(type="scatter", mode="lines", stackgroup=str(i + 1),
                              line={"width": 0, "shape": "hv", "color": COLORS[component]})
-            else:
-                trace.update(type="bar", marker={"color": COLORS[component]})
+            else:  # no outline: Plotly styles each bar's stroke at every draw
+                trace.update(type="bar", marker={"color": COLORS[component], "line": {"width": 0}})
             data.append(trace)
-        axis_of(layout, i, "x")["title"] = {"text": f"request (by {sort_by})"}
-    layout["yaxis"]["title"] = {"text": "ms"}
-    # A click anywhere above a request selects it (assets/waterfall.js, from the hover). No
-    # clickmode: Plotly neither recomputes the hover nor emits an event Dash processes first. No
-    # drag zoom by default (the modebar's zoom is one click away): its box, added at mousedown,
-    # repaints the areas and held the next frame ~200 ms (bench/dashboard_render.py).
-    layout.update(hovermode="x unified", clickmode="none", dragmode=False, barmode="stack",
-                  bargap=0.1)
+    order = "in arrival order" if sort_by == "arrival" else f"by {sort_by}, largest first"
+    layout = {
+        "xaxis": {"title": {"text": f"requests {order}, one block per run"}, "showgrid": False,
+                  "showticklabels": False, "zeroline": False,
+                  "unifiedhovertitle": {"text": "TTFT parts"}},  # not the axis position
+        "yaxis": {"title": {"text": "ms"}, "rangemode": "tozero"},
+        "annotations": [{"text": text(run), "x": starts[run] + (counts[run] - 1) / 2,
+                         "xref": "x", "y": 1.0, "yref": "paper", "yanchor": "bottom",
+                         "showarrow": False} for run in runs],
+        # A click anywhere above a request selects it (assets/waterfall.js, from the hover). No
+        # clickmode: Plotly neither recomputes the hover nor emits an event Dash processes
+        # first. No drag zoom by default (the modebar's zoom is one click away): its box, added
+        # at mousedown, repaints the areas and held the next frame ~200 ms.
+        "hovermode": "x unified", "clickmode": "none", "dragmode": False, "barmode": "stack",
+        "bargap": 0.1}
     title = f"TTFT breakdown per request (sorted by {sort_by})"
     if binned:
         title += f"; {points} per run drawn, each the largest {by} of its bin of ranks"
@@ -209,8 +231,9 @@ SHOWN_PERCENTILES = {"p50": "solid", "p99": "dash"}  # p90 stays in the download
 
 def build_percentiles(percentiles: pd.DataFrame, columns: int = 4) -> go.Figure:
     """One small panel per component (TTFT and its parts), each on its own ms scale:
-    concurrency on a numeric (log) axis, one colour per run, p50 solid and p99 dashed. Many
-    runs stay readable: no category labels to rotate, a legend entry per run."""
+    concurrency on a numeric (log) axis, one colour per run, p50 solid and p99 dashed (a warm
+    phase: an open diamond). Many runs stay readable: no category labels to rotate, a legend
+    entry per run."""
     _require(percentiles, ["run", "phase", "concurrency", "component", "percentile",
                            "value_ns"], "the percentile view")
     frame = percentiles[percentiles["component"].isin(PANEL_COMPONENTS)
@@ -231,23 +254,31 @@ def build_percentiles(percentiles: pd.DataFrame, columns: int = 4) -> go.Figure:
         for (line, run, stat), points in panel.groupby(["line", "run", "percentile"],
                                                         sort=False):
             points = points.sort_values("concurrency")
-            warm = line != run
-            data.append({
+            trace = {
                 "type": "scatter", "x": points["concurrency"].astype(int).tolist(),
-                "y": points["ms"].round(3).tolist(), "mode": "lines+markers",
+                "y": points["ms"].round(3).tolist(), "mode": "lines",
                 "name": text(line), "legendgroup": text(line),
                 "showlegend": i == 0 and stat == "p50",
                 "line": {"color": colors[str(run)], "dash": SHOWN_PERCENTILES[str(stat)],
                          "width": 2},
-                "marker": {"symbol": "diamond-open" if warm else "circle", "size": 7},
                 "hovertemplate": f"{text(line)} {stat}: %{{y:.1f}} ms at c=%{{x}}<extra></extra>",
-                **axes(i)})
+                **axes(i)}
+            # Markers only on a point of its own (a warm phase, a single level): on a line the
+            # ticks already say where the levels are, and each marker is an SVG node to style.
+            if len(points) == 1:
+                trace.update(mode="markers", marker={
+                    "symbol": "circle" if line == run else "diamond-open", "size": 8})
+            data.append(trace)
+    # The levels padded in from the panel's edges (lines carry no markers to pad them): the
+    # lowest level's tick label would otherwise sit under the y axis's 0.
+    low, high = np.log10(levels[0]), np.log10(levels[-1])
+    pad = max(high - low, 1.0) * 0.08
     each_axis(layout, "x", type="log", tickvals=levels, ticktext=[str(c) for c in levels],
-              title={"text": "concurrency", "standoff": 2})
+              range=[low - pad, high + pad], title={"text": "concurrency", "standoff": 2})
     each_axis(layout, "y", rangemode="tozero", title={"text": ""})
     layout["height"] = 250 * rows + 140
-    return figure(data, layout, "Percentiles per component (ms; p50 solid, p99 dashed; each "
-                  "panel on its own scale)")
+    # short: with seven runs the legend beside it takes the rest of the row
+    return figure(data, layout, "Percentiles per component, ms (p50 solid, p99 dashed)")
 
 
 def build_throughput(throughput: pd.DataFrame) -> go.Figure:

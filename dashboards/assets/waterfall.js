@@ -107,7 +107,8 @@
                 }
                 return window.dash_clientside.no_update;
             },
-            // the request dropdown's value -> the waterfall's figure
+            // the request dropdown's value, once changed -> the waterfall's figure (the
+            // page's layout holds the first request's: no fetch at page load)
             waterfall: function (key) {
                 if (key && key === shown) {
                     return window.dash_clientside.no_update;  // drawn by the click already

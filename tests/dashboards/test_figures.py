@@ -30,7 +30,8 @@ def stacked_totals(fig) -> dict[tuple[str, int], float]:
     totals: dict[tuple[str, int], float] = {}
     for trace in fig.data:
         for x, y in zip(trace.x, trace.y):
-            totals[(trace.xaxis, x)] = totals.get((trace.xaxis, x), 0.0) + y
+            axis = trace.xaxis or "x"
+            totals[(axis, x)] = totals.get((axis, x), 0.0) + y
     return totals
 
 
@@ -52,11 +53,20 @@ def test_breakdown_sorted_by_arrival_keeps_arrival_order():
     assert keys == list(frame.sort_values("arrival_ns")["key"])
 
 
-def test_breakdown_puts_runs_side_by_side():
+def test_breakdown_puts_runs_side_by_side_as_blocks_of_one_panel():
+    """One pair of axes whatever the runs (each axis is a layout pass in the browser): each
+    run a block of its requests, a gap before the next, its name above its block."""
     frame = pd.concat([attribution("serial", 3), attribution("parallel", 3, scale=0.5)])
     fig = figures.build_breakdown(frame)
-    assert {a.text for a in fig.layout.annotations} == {"serial", "parallel"}
-    assert {t.xaxis for t in fig.data} == {"x", "x2"}
+    assert {t.xaxis or "x" for t in fig.data} == {"x"} and "xaxis2" not in fig.layout
+    assert len(fig.data) == len(figures.COMPONENTS)  # one bar trace per component
+    keys = [c[0] for c in fig.data[0].customdata]
+    blocks = dict(zip(keys, fig.data[0].x))
+    serial = [blocks[k] for k in frame["key"].iloc[:3]]
+    parallel = [blocks[k] for k in frame["key"].iloc[3:]]
+    assert sorted(serial) == [0, 1, 2] and sorted(parallel) == [4, 5, 6]  # a gap of one
+    assert [(a.text, a.x) for a in fig.layout.annotations] == [("serial", 1), ("parallel", 5)]
+    assert all(t.marker.line.width == 0 for t in fig.data)  # no outline to style per bar
 
 
 def test_breakdown_above_its_points_draws_the_largest_request_of_each_bin_of_ranks():
@@ -66,10 +76,11 @@ def test_breakdown_above_its_points_draws_the_largest_request_of_each_bin_of_ran
     fig = figures.build_breakdown(frame, max_points=10)
     assert {t.type for t in fig.data} == {"scatter"}
     assert {t.stackgroup for t in fig.data} == {"1"}
-    assert list(fig.data[0].x) == list(range(0, 30, 3))  # by TTFT: each bin's first rank
+    # by TTFT: each bin's first rank, and the last step closed at the run's end
+    assert list(fig.data[0].x) == [*range(0, 30, 3), 30]
     keys = [c[0] for c in fig.data[0].customdata]
     slowest_first = frame.sort_values("ttft_ns", ascending=False)["key"].tolist()
-    assert keys == slowest_first[::3]
+    assert keys == [*slowest_first[::3], slowest_first[27]]
     totals = stacked_totals(fig)
     ttft = frame.set_index("key")["ttft_ns"] / 1e6
     assert [totals[("x", x)] for x in fig.data[0].x] == pytest.approx(ttft[keys].tolist())
@@ -92,9 +103,27 @@ def test_breakdown_by_arrival_keeps_each_bins_slowest_spike():
 def test_breakdown_shares_its_points_among_the_runs():
     frame = pd.concat([attribution(run, 150) for run in ("a", "b", "c")])
     fig = figures.build_breakdown(frame, max_points=300)  # 100 a run: each binned
-    assert [len(t.x) for t in fig.data if t.name == "queueing"] == [100, 100, 100]
-    few = figures.build_breakdown(frame, max_points=450)  # 150 a run: every request, as bars
-    assert {t.type for t in few.data} == {"bar"}
+    areas = [t for t in fig.data if t.name == "queueing"]  # one per run: no stack bridges two
+    assert [len(t.x) for t in areas] == [101, 101, 101]  # and each last step's end
+    assert max(areas[0].x) < min(areas[1].x) and max(areas[1].x) < min(areas[2].x)
+    every = figures.build_breakdown(frame, max_points=450)  # 150 a run: every request
+    assert [len(t.x) for t in every.data if t.name == "queueing"] == [151, 151, 151]
+
+
+def test_breakdown_draws_a_bar_per_request_while_bars_are_wide_else_step_areas():
+    """Bars while each is a few pixels wide; past BAR_LIMIT requests a bar is a sliver and a
+    path per component to style, so each run is a stacked step area through every request."""
+    half = figures.BAR_LIMIT // 2
+    bars = figures.build_breakdown(pd.concat([attribution(run, half) for run in "ab"]))
+    assert {t.type for t in bars.data} == {"bar"} and len(bars.data) == len(figures.COMPONENTS)
+    areas = figures.build_breakdown(pd.concat([attribution(run, half + 1) for run in "ab"]))
+    assert {(t.type, t.line.shape) for t in areas.data} == {("scatter", "hv")}
+    assert [t.stackgroup for t in areas.data if t.name == "prefill"] == ["1", "2"]  # per run
+    first, second = (t for t in areas.data if t.name == "prefill")
+    assert list(first.x) == list(range(half + 2))  # each request a step, the last to its end
+    start = second.x[0]
+    assert start > half + 1 and list(second.x) == list(range(start, start + half + 2))  # a gap
+    assert "drawn" not in areas.layout.title.text  # every request: none binned
 
 
 def test_breakdown_is_clicked_in_the_browser_and_not_drag_zoomed_by_default():
@@ -179,6 +208,8 @@ def test_percentiles_one_panel_per_component_runs_as_colours_concurrency_numeric
     assert len(set(colors.values())) == 6 and colors["kvscope"] == colors["kvscope · warm"]
     for axis in (a for a in fig.layout if a.startswith("xaxis")):
         assert fig.layout[axis].type == "log" and list(fig.layout[axis].tickvals) == [1, 8, 16]
+        low, high = fig.layout[axis].range  # log10: every level inside, off the edges
+        assert low < 0 < np.log10(16) < high
         assert fig.layout[axis].tickangle is None  # nothing rotated into the next row
     stock_p99 = next(t for t in fig.data if t.name == "stock" and t.line.dash == "dash"
                      and t.xaxis == "x4")  # storage_read, the fourth panel
@@ -187,6 +218,10 @@ def test_percentiles_one_panel_per_component_runs_as_colours_concurrency_numeric
                    & (pct["percentile"] == "p99")].sort_values("concurrency")
     assert list(stock_p99.y) == pytest.approx((expected["value_ns"] / 1e6).round(3).tolist())
     assert all(fig.layout[a].matches is None for a in fig.layout if a.startswith("yaxis"))
+    # a line without markers (each one an SVG node to style); a point of its own has one
+    assert {t.mode for t in fig.data if len(t.x) > 1} == {"lines"}
+    warm = [t for t in fig.data if t.name == "kvscope · warm"]
+    assert {(t.mode, t.marker.symbol) for t in warm} == {("markers", "diamond-open")}
     sub_parts = pct.assign(component="storage_device_queue")
     assert len(figures.build_percentiles(pd.concat([pct, sub_parts])).data) == len(fig.data)
 
