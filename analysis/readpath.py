@@ -5,6 +5,9 @@ threads (their tids ride on the storage.read spans) and the request spans:
 
 - the disk sits idle inside the phase's read span: nothing in flight while the worker copies
   loaded chunks into the KV cache (`kv.transfer`) or prefills; `idle_*_s` says which;
+- or idle because nothing was asked of it: no request of the phase had arrived and still waited
+  for its reads (a closed-loop client between waves, decode steps); `idle_unasked_s` says how
+  much, so the read path is judged only on the time reads were wanted;
 - while busy, fewer reads are in flight than the backend has readers: each reader spends time
   between its reads (verifying the checksum, bookkeeping, waiting for a core the engine also
   wants); `reader_gap_p50_ms` against `io_p50_ms` (a read's time at the device) says how much.
@@ -54,6 +57,14 @@ def _covered_ns(gaps: tuple[np.ndarray, np.ndarray], spans: pd.DataFrame) -> int
     return int((covered_until(gaps[1]) - covered_until(gaps[0])).sum())
 
 
+def _waiting(in_phase: pd.DataFrame) -> pd.DataFrame:
+    """Per request that read: from its arrival at the server to the end of its last read."""
+    reads = in_phase[in_phase["name"] == semconv.SPAN_STORAGE_READ].groupby("request_id")["end_ns"].max()
+    arrived = in_phase[in_phase["name"] == semconv.SPAN_SERVER_REQUEST].groupby("request_id")["start_ns"].min()
+    both = pd.concat({"start_ns": arrived, "end_ns": reads}, axis=1, join="inner")
+    return both.astype(np.int64)
+
+
 def _reader_tids(reads: pd.DataFrame) -> np.ndarray:
     """Every thread id the storage.read spans name as a reader."""
     tids = spantable.arrow(reads, semconv.READER_TIDS)
@@ -90,6 +101,7 @@ def phase_reads(block_io: pd.DataFrame, spans: pd.DataFrame, requests: pd.DataFr
         "reader_gap_p50_ms": float(np.median(back_to_back)) if len(back_to_back) else None,
         "reader_gap_p90_ms": float(np.percentile(back_to_back, 90)) if len(back_to_back) else None,
         "idle_s": idle_ns / 1e9,
+        "idle_unasked_s": (idle_ns - _covered_ns(gaps, _waiting(in_phase))) / 1e9,
         **{f"idle_{cause}_s": _covered_ns(gaps, in_phase[in_phase["name"] == name]) / 1e9
            for cause, name in IDLE_CAUSES.items()},
     }
@@ -109,7 +121,8 @@ def words(r: dict[str, Any]) -> str:
     idle = r["idle_s"] / r["read_span_s"] if r["read_span_s"] else 0.0
     text = (f"the disk was idle {idle:.0%} of the {r['read_span_s']:.2f} s read span "
             f"({r['idle_transfer_s']:.2f} s of it while the worker copied loaded chunks into the "
-            f"KV cache, {r['idle_prefill_s']:.2f} s while it prefilled)")
+            f"KV cache, {r['idle_prefill_s']:.2f} s while it prefilled, "
+            f"{r['idle_unasked_s']:.2f} s while no request was waiting for its reads)")
     if r["in_flight_while_busy"] is not None and r["readers"] > 1:
         text += (f"; while busy, {r['in_flight_while_busy']:.1f} reads of {r['readers']} readers "
                  f"were in flight, each read {r['io_p50_ms']:.1f} ms at the device (p50)")

@@ -377,7 +377,8 @@ def target_rows(runs: dict[str, Path], table: pd.DataFrame) -> pd.DataFrame:
             continue
         ttft = ideal_ttft_ratio(runs[row["profile"]], row["phase"], row["ceiling_GBps"] * 1e9)
         rows.append({
-            "profile": row["profile"], "conc": row["conc"], "ttft_p50_s": row["ttft_p50_s"],
+            "profile": row["profile"], "phase": row["phase"], "conc": row["conc"],
+            "ttft_p50_s": row["ttft_p50_s"],
             "read_vs_ceiling": row["read_vs_ceiling"], "disk_busy_share": row["disk_busy_share"],
             "ttft_vs_floor": ttft,
             "met": ", ".join(name for name, ok in (
@@ -385,6 +386,57 @@ def target_rows(runs: dict[str, Path], table: pd.DataFrame) -> pd.DataFrame:
                 ("busy", row["disk_busy_share"] >= TARGET_BUSY),
                 ("ttft", ttft <= TARGET_TTFT)) if ok) or "none"})
     return pd.DataFrame(rows)
+
+
+def target_reasons(runs: dict[str, Path], targets: pd.DataFrame) -> list[str]:
+    """Why each row missed what it missed, from its run's own analysis: a target's ratio alone
+    does not say what to change (more readers, earlier reads, or nothing a read path can do)."""
+    from kvscope.analysis import outputs
+
+    lines = []
+    for row in targets.to_dict("records"):
+        run, phase = runs[row["profile"]], row["phase"]
+        reads = _phase_row(json.loads((run / "summary.json").read_text()), "read_path", phase)
+        attribution = outputs.load_attribution(run)
+        p50 = attribution[attribution["phase"] == phase].filter(like="_ns").median() / 1e9
+        why = []
+        if row["read_vs_ceiling"] < TARGET_READ and reads:
+            why.append(_read_reason(row["read_vs_ceiling"], reads))
+        if row["disk_busy_share"] < TARGET_BUSY and reads:
+            asked = reads["read_span_s"] - reads["idle_unasked_s"]
+            why.append(f"busy {row['disk_busy_share']:.0%}: the disk was idle "
+                       f"{reads['idle_s']:.2f} s of the {reads['read_span_s']:.2f} s read span, "
+                       f"{reads['idle_unasked_s']:.2f} s of it with no request waiting for its "
+                       f"reads (busy {reads['busy_s'] / asked:.0%} of the rest), "
+                       f"{reads['idle_transfer_s']:.2f} s while the worker copied loaded chunks, "
+                       f"{reads['idle_prefill_s']:.2f} s while it prefilled")
+        if row["ttft_vs_floor"] > TARGET_TTFT and not p50.empty:
+            why.append(
+                f"TTFT {row['ttft_vs_floor']:.2f}x the floor ({row['ttft_p50_s']:.2f} s against "
+                f"{row['ttft_p50_s'] / row['ttft_vs_floor']:.2f} s); p50s of its parts: storage "
+                f"read {p50['storage_read_ns']:.2f} s ({p50['batch_storage_read_ns']:.2f} s of "
+                f"it other requests' loads) at {row['read_vs_ceiling']:.2f}x the ceiling, "
+                f"transfer {p50['transfer_ns']:.2f} s ({p50['batch_transfer_ns']:.2f} s other "
+                f"requests' copies), prefill {p50['prefill_ns']:.2f} s "
+                f"({p50['batch_prefill_ns']:.2f} s other requests'), other "
+                f"{p50['other_ns']:.2f} s; the floor counts only the reads at the ceiling and "
+                "the request's own prefill")
+        if why:
+            lines.append(f"{row['profile']} c={row['conc']}: " + "; ".join(why))
+    return lines
+
+
+def _read_reason(share: float, reads: dict) -> str:
+    text = f"read {share:.2f}x the ceiling while reading"
+    if reads["in_flight_while_busy"] is None:
+        return text
+    text += (f": {reads['in_flight_while_busy']:.0f} reads in flight, "
+             f"{reads['at_device_while_busy']:.0f} of them at the device, each "
+             f"{reads['io_p50_ms']:.1f} ms there (p50)")
+    if reads["reader_gap_p50_ms"] is not None:
+        text += (f", and each of {reads['readers']} readers {reads['reader_gap_p50_ms']:.1f} ms "
+                 "(p50) between its reads (checksum, bookkeeping, waiting for a core)")
+    return text
 
 
 def knob_lines(runs: dict[str, Path]) -> list[str]:
@@ -453,7 +505,8 @@ def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame) -> Pat
         lines += [f"## Targets at c = 8 and 16, new path beside the one before it (read >= "
                   f"{TARGET_READ}x ceiling, disk busy >= {TARGET_BUSY:.0%} of the read span, "
                   f"TTFT p50 <= {TARGET_TTFT}x the floor: bytes waited for / ceiling + own "
-                  "prefill)", "", targets.to_markdown(index=False, floatfmt=".3f"), ""]
+                  "prefill)", "", targets.to_markdown(index=False, floatfmt=".3f"), "",
+                  *[f"- {line}" for line in target_reasons(runs, targets)], ""]
     if warm := warm_lines(runs):
         lines += ["## Warm phases", "", *warm, ""]
     compared = comparisons(runs)

@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if not targets.empty:
         print("\ntargets (read >= 0.95x ceiling, disk busy >= 90 %, TTFT p50 <= 1.2x floor):")
         print(targets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print("\n".join(study.target_reasons(runs, targets)))
     print(f"\nreport:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "

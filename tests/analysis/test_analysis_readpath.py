@@ -12,12 +12,19 @@ MS = 1_000_000
 
 
 def timeline() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Two readers read twice back to back (5 ms apart), then the disk idles 125 ms while the
-    worker copies (50 ms) and prefills (20 ms), then one more read."""
+    """Two readers read twice back to back (5 ms apart) for r0, then the disk idles 125 ms while
+    the worker copies (50 ms) and prefills (20 ms), then one more read, for r1, which arrived at
+    140 ms: for the 95 ms before that no request waited for a read."""
     requests = pd.DataFrame({"request_id": ["r0", "r1"], "phase": ["cold-c2"] * 2})
     spans = pd.DataFrame([
+        {"request_id": "r0", "name": semconv.SPAN_SERVER_REQUEST, "start_ns": 0,
+         "end_ns": 160 * MS, "attributes": {}},
         {"request_id": "r0", "name": semconv.SPAN_STORAGE_READ, "start_ns": 0, "end_ns": 45 * MS,
          "attributes": {semconv.READER_TIDS: [10, 11]}},
+        {"request_id": "r1", "name": semconv.SPAN_SERVER_REQUEST, "start_ns": 140 * MS,
+         "end_ns": 200 * MS, "attributes": {}},
+        {"request_id": "r1", "name": semconv.SPAN_STORAGE_READ, "start_ns": 165 * MS,
+         "end_ns": 190 * MS, "attributes": {semconv.READER_TIDS: [10]}},
         {"request_id": "r0", "name": semconv.SPAN_KV_TRANSFER, "start_ns": 100 * MS,
          "end_ns": 150 * MS, "attributes": {}},
         {"request_id": "r1", "name": semconv.SPAN_PREFILL, "start_ns": 150 * MS,
@@ -41,12 +48,14 @@ def test_idle_time_and_reader_gaps_are_measured_from_the_timeline():
     assert r["idle_s"] == pytest.approx(0.130)
     assert r["idle_transfer_s"] == pytest.approx(0.050)
     assert r["idle_prefill_s"] == pytest.approx(0.020)
+    assert r["idle_unasked_s"] == pytest.approx(0.095)  # 45-140 ms: r0 read all, r1 not here
     assert r["in_flight_while_busy"] == pytest.approx(100 / 60)
     assert r["io_p50_ms"] == pytest.approx(19.0)
     assert r["reader_gap_p50_ms"] == pytest.approx(5.0)  # the 125 ms wait for work is not a gap
     assert r["busy_bytes_per_s"] == pytest.approx(5 * (4 << 20) / 0.060)
     said = readpath.words(r)
     assert "idle 68% of the 0.19 s read span" in said and "0.05 s of it while the worker copied" in said
+    assert "0.10 s while no request was waiting for its reads" in said
     assert "1.7 reads of 2 readers" in said and "5.0 ms (p50" in said
 
 

@@ -276,3 +276,39 @@ def test_peer_verdicts_follow_the_ci_and_name_what_to_shrink(runs):
     assert f"kvscope {standing}" in line
     assert ("to pass it" in line) == (standing == "behind")
     assert study.bound(table.iloc[0]) in line
+
+
+def test_each_missed_target_says_why_from_the_runs_own_analysis(tmp_path):
+    """The targets table names which target a row missed; the reason lines say why, in the
+    run's own figures (its read_path row and the p50s of its TTFT parts), and only for what
+    it missed."""
+    runs = {}
+    for seed, profile in enumerate((study_options.CLASSIC, study_options.CANDIDATE)):
+        run = synthetic.make_run(tmp_path / profile, n_requests=32, seed=seed, concurrency=8,
+                                 phases=("cold-c8",))
+        rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 4e9})
+        describe(run)
+        outputs.analyze(run, plots=False)
+        runs[profile] = run
+    table = study.headline(runs)
+    targets = study.target_rows(runs, table)
+    assert sorted(targets["profile"]) == sorted(runs) and (targets["phase"] == "cold-c8").all()
+    lines = study.target_reasons(runs, targets)
+    for row, line in zip(targets.to_dict("records"), lines):
+        summary = json.loads((runs[row["profile"]] / "summary.json").read_text())
+        reads = next(r for r in summary["read_path"] if r["phase"] == "cold-c8")
+        assert line.startswith(f"{row['profile']} c=8: ")
+        missed_read = "x the ceiling while reading" in line
+        missed_busy = ": the disk was idle" in line
+        missed_ttft = "x the floor (" in line
+        assert missed_read == (row["read_vs_ceiling"] < study.TARGET_READ)
+        assert missed_busy == (row["disk_busy_share"] < study.TARGET_BUSY)
+        assert missed_ttft == (row["ttft_vs_floor"] > study.TARGET_TTFT)
+        if missed_busy:
+            assert f"idle {reads['idle_s']:.2f} s of the {reads['read_span_s']:.2f} s" in line
+            assert f"{reads['idle_unasked_s']:.2f} s of it with no request waiting" in line
+        if missed_ttft:
+            p50 = outputs.load_attribution(runs[row["profile"]])["transfer_ns"].median() / 1e9
+            assert f"transfer {p50:.2f} s" in line
+    report = study.write_report(tmp_path, runs, table).read_text()
+    assert all(f"- {line}" in report for line in lines)
