@@ -30,7 +30,8 @@ OPS = ("R", "W", "F", "D", "O")  # REQ_OP_* order: read, write, flush, discard, 
 COMPLETE_MISSED = len(LOST_KEYS)
 BATCH = 32  # completions per ring-buffer record
 # The completion programs of the rq keying: the kernel runs a raw tracepoint / tp_btf program
-# at most once per CPU at a time, so a completion that interrupts one goes to the other.
+# at most once per CPU at a time, so a completion that interrupts one goes to the other (which
+# otherwise returns at its first check).
 COMPLETE_PROGRAMS = ("pio_complete", "pio_complete_twin")
 # rq keying: tracepoint -> program, in attach order (completions last: nothing completes
 # before its issue is followed).
@@ -123,6 +124,8 @@ BPF_ARRAY(pid_bits, u64, PID_BITMAP_WORDS_VALUE); /* bit per followed tgid */
 /* Direct-mapped cache in front of `devs` (an array lookup is inlined, a hash lookup is a
  * call): one u64 per entry holding dev_t and 1 + probed, so an update is never torn. */
 BPF_ARRAY(dev_cache, u64, 256);
+/* Per CPU, the request pio_complete is on, written as it starts: the twin's one check. */
+BPF_PERCPU_ARRAY(completing, u64, 1);
 
 #if TP_BTF
 /* tp_btf programs: the verifier types the arguments from BTF, so a field is a plain load. */
@@ -364,10 +367,20 @@ static inline int on_complete(u64 *ctx, u32 program) {
 }
 
 int pio_complete(u64 *ctx) {
+    int zero = 0;
+    u64 *on = completing.lookup(&zero);
+    if (on) *on = ctx[0];
     return on_complete(ctx, 0);
 }
 
+/* Runs after pio_complete on every completion, and works only when pio_complete did not start
+ * on this request: the kernel skipped it because it was busy on this CPU. (A completion that
+ * lands before pio_complete's first store, of the request it finished last on this CPU, is
+ * skipped by both; its slot stays and is counted as complete_missed or unfinished_at_stop.) */
 int pio_complete_twin(u64 *ctx) {
+    int zero = 0;
+    u64 *on = completing.lookup(&zero);
+    if (on && *on == ctx[0]) return 0;
     return on_complete(ctx, 1);
 }
 """
