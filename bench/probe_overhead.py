@@ -108,10 +108,15 @@ class Window:
                 int(done.between(a0, b1).sum()) + missed, missed)
 
 
-def _prog_stats(ids: list[int]) -> tuple[int, int]:
+def _prog_stats(ids: list[int]) -> dict[str, tuple[int, int]]:
+    """(run_time_ns, run_cnt) of each program in `ids`, by name (as bpftool shortens it)."""
     progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))
-    chosen = [p for p in progs if p["id"] in ids]
-    return sum(p.get("run_time_ns", 0) for p in chosen), sum(p.get("run_cnt", 0) for p in chosen)
+    return {p.get("name", str(p["id"])): (p.get("run_time_ns", 0), p.get("run_cnt", 0))
+            for p in progs if p["id"] in ids}
+
+
+def _totals(stats: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    return sum(ns for ns, _ in stats.values()), sum(n for _, n in stats.values())
 
 
 def attach(config: str, fio_pid: int, idle_pid: int, device: str, before: Path) -> Probed:
@@ -146,8 +151,9 @@ def attach(config: str, fio_pid: int, idle_pid: int, device: str, before: Path) 
 
 def _attach_before(tree: Path, device: str) -> Probed:
     """The per-I/O probe of an extracted revision, attached in a child process."""
+    # cwd too: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH
     child = subprocess.Popen([sys.executable, "-c", BEFORE_CHILD, device], text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tree,
                              env={**os.environ, "PYTHONPATH": str(tree)})
     assert child.stdin is not None and child.stdout is not None
     ids = json.loads(child.stdout.readline() or "null")
@@ -187,9 +193,9 @@ def empty_program_ns(path: Path, args: argparse.Namespace) -> float:
         ids = [int(line.split()[1]) for fn in bpf.funcs.values() for line in
                Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
                if line.startswith("prog_id:")]
-        ns0, n0 = _prog_stats(ids)
+        ns0, n0 = _totals(_prog_stats(ids))
         fio.report()
-        ns1, n1 = _prog_stats(ids)
+        ns1, n1 = _totals(_prog_stats(ids))
     finally:
         bpf.cleanup()
     return (ns1 - ns0) / max(n1 - n0, 1)
@@ -206,17 +212,20 @@ def run_once(path: Path, size: int, depth: int, config: str | None, args: argpar
         probed = attach(config, fio.pid, idle.pid, disk_holding(path), before)
         window = Window(disk_holding(path))
         cpu0, wall0 = time.process_time_ns(), time.monotonic_ns()
-        bpf0, runs0 = _prog_stats(probed.ids)
+        stats0 = _prog_stats(probed.ids)
         window.mark()
         iops = fio.report()["iops"]
         window.mark()
-        bpf1, runs1 = _prog_stats(probed.ids)
+        stats1 = _prog_stats(probed.ids)
         cpu_ns, wall_ns = time.process_time_ns() - cpu0, time.monotonic_ns() - wall0
         seen, rows, lost = probed.stop()
     finally:
         idle.kill()
         idle.wait()
+    (bpf0, runs0), (bpf1, runs1) = _totals(stats0), _totals(stats1)
     bpf_ns, runs = bpf1 - bpf0, runs1 - runs0
+    programs = {name: (ns - stats0[name][0], n - stats0[name][1])
+                for name, (ns, n) in stats1.items() if name in stats0}
     exact = window.exactness(probed.result) if probed.result is not None else None
     return {
         "exact": exact,
@@ -224,6 +233,7 @@ def run_once(path: Path, size: int, depth: int, config: str | None, args: argpar
         "lost": sum(max(v, 0) for k, v in lost.items() if k != "complete_nested"),
         "bpf_ns_per_io": bpf_ns / max(seen, 1), "bpf_ns_per_run": bpf_ns / max(runs, 1),
         "runs_per_io": runs / max(seen, 1),
+        "programs": {name: (ns / max(n, 1), n / max(seen, 1)) for name, (ns, n) in programs.items()},
         "bpf_share": bpf_ns / wall_ns,
         "net_share": max(bpf_ns - runs * empty_ns, 0) / wall_ns + cpu_ns / wall_ns,
         "user_share": cpu_ns / wall_ns, "probe_share": (bpf_ns + cpu_ns) / wall_ns,
@@ -277,7 +287,7 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
     print(f"{'io':<3} {'run':<15} {'load':>5} {'IOPS':>8} {'ratio':>6} {'seen/s':>8} {'rows':>7} "
           f"{'lost':>4} {'ns/io':>6} {'ns/run':>6} {'bpf %':>6} {'user %':>6} {'probe %':>7} "
           f"{'net %':>6}")
-    plain = None
+    plain: dict[str, Any] = {}
     for name, config, r in rows:
         if config == "plain":
             plain = r
@@ -321,6 +331,13 @@ def report(rows: list[tuple[str, str, dict[str, Any]]], args: argparse.Namespace
               f"({net:.0f} without what bpf_stats adds), target <= {PER_IO_TARGET_NS}"
               + "".join(f"; {c} {ns:.0f} ns ({ns / per_io['per-io']:.2f}x)"
                         for c, ns in per_io.items() if c != "per-io"))
+    print("BPF ns per run (runs per I/O) of each program at 4 KiB, mean over rounds:")
+    for config in per_io:
+        got = [r["programs"] for n, c, r in rows if n == "4k" and c == config]
+        print(f"    {config:<15}" + "".join(
+            f" {name} {statistics.mean(p[name][0] for p in got):.0f} "
+            f"({statistics.mean(p[name][1] for p in got):.2f})"
+            for name in sorted(got[0]) if all(name in p for p in got)))
 
 
 if __name__ == "__main__":
