@@ -199,9 +199,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         if self._hands_out():
             return handoff.hand_out(self._reads, slots, deadline, self.settings.read_timeout_s,
                                     report_claims)
-        for slot in slots:
-            if slot is not None:
-                slot.chunk.wait(_left(deadline))
+        self._reads.wait(slots, deadline)
         self._reads.expire(slots, self.settings.read_timeout_s)
         report_claims()
         return self._reads.settle_slots(slots)
@@ -354,10 +352,6 @@ def _capped(nbytes: int, allocator_backend: Any, fraction: int) -> int:
     """``nbytes``, at most 1/``fraction`` of LMCache's CPU pool (the retrieve needs room)."""
     region = pool_region(allocator_backend)
     return nbytes if region is None else min(nbytes, region[1] // fraction)
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
 
 
 def _resolve(future: "asyncio.Future[None]") -> None:

@@ -48,9 +48,9 @@ class ChunkRead:
         self.error: Optional[tuple[str, str]] = None
         self.ready_ns = -1
         self.fd = -1
+        self.batch: Optional["ReadBatch"] = None  # set by the batch it is read in
         self._remaining = 0
         self._lock = threading.Lock()
-        self._ready = threading.Event()
 
     def fail(self, reason: str, detail: str) -> None:
         """Record the first failure; the chunk will be a miss."""
@@ -70,7 +70,9 @@ class ChunkRead:
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until this chunk is done (read and verified, or failed); False on timeout."""
-        return self._ready.wait(timeout)
+        if self.batch is None:
+            raise RuntimeError(f"{self.path}: waited for before it was put in a ReadBatch")
+        return self.batch.wait_chunk(self, timeout)
 
     def verify(self, start: int, end: int) -> None:
         """Check the hash of every unverified block lying inside payload bytes [start, end)."""
@@ -95,7 +97,13 @@ class ChunkRead:
 
 
 class ReadBatch:
-    """Chunks read together; ``wait()`` or ``add_done_callback`` for the end of all of them."""
+    """Chunks read together; ``wait()`` or ``add_done_callback`` for the end of all of them.
+
+    Two conditions on one lock, not an Event per chunk: one wakes whoever waits for single
+    chunks (the pipelined transfer), the other only whoever waits for the whole batch, so a
+    blocking get is woken once per batch, not once per chunk, and no chunk builds its own
+    Event (a Condition, a lock, bound methods: a few microseconds and GC-tracked objects each).
+    """
 
     def __init__(self, chunks: list[ChunkRead]) -> None:
         self.chunks = chunks
@@ -105,42 +113,50 @@ class ReadBatch:
         self.sub_reads = 0
         self.tids: set[int] = set()
         self._remaining = len(chunks)
-        self._done = threading.Event()
         self._callbacks: list[Callable[["ReadBatch"], object]] = []
         self._lock = threading.Lock()
+        self._chunk_cv = threading.Condition(self._lock)
+        self._end_cv = threading.Condition(self._lock)
+        for chunk in chunks:
+            chunk.batch = self
         if not chunks:
             self.end_ns = self.submit_ns
-            self._done.set()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until every chunk is done or ``timeout`` seconds passed; True when done."""
-        return self._done.wait(timeout)
+        with self._lock:
+            return self._end_cv.wait_for(lambda: self.end_ns >= 0, timeout)
+
+    def wait_chunk(self, chunk: ChunkRead, timeout: Optional[float] = None) -> bool:
+        """Block until ``chunk`` (one of this batch's) is done; False on timeout."""
+        with self._lock:
+            return self._chunk_cv.wait_for(lambda: chunk.ready_ns >= 0, timeout)
 
     @property
     def finished(self) -> bool:
         """True once every chunk is done."""
-        return self._done.is_set()
+        return self.end_ns >= 0
 
     def add_done_callback(self, fn: Callable[["ReadBatch"], object]) -> None:
         """Call ``fn(batch)`` when done (right away if it already is), in the finishing thread."""
         with self._lock:
-            if not self._done.is_set():
+            if self.end_ns < 0:
                 self._callbacks.append(fn)
                 return
         fn(self)
 
     def _chunk_done(self, chunk: ChunkRead) -> None:
         now = time.monotonic_ns()
-        chunk.ready_ns = now
-        chunk._ready.set()
         with self._lock:
+            chunk.ready_ns = now
+            self._chunk_cv.notify_all()
             if chunk.error is None and self.first_ready_ns < 0:
                 self.first_ready_ns = now
             self._remaining -= 1
             if self._remaining:
                 return
             self.end_ns = now
-            self._done.set()
+            self._end_cv.notify_all()
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             try:

@@ -79,8 +79,9 @@ class ReadPath:
               busy_loop: bool, count_misses: bool = True) -> Started:
         """Allocate and submit reads for the leading present ``keys``."""
         entries = self._index.acquire(keys)
-        objs, chunks = [], []
-        for entry in entries:
+        objs = self._allocate_together(entries)
+        chunks = [self._chunk_read(e, o) for e, o in zip(entries, objs)]
+        for entry in entries[len(objs):]:
             try:
                 obj = self._allocate(entry, False)
                 if obj is None and busy_loop and self._allocator is not None:
@@ -151,6 +152,26 @@ class ReadPath:
                                               else torch.tensor(positions))
 
     @staticmethod
+    def wait(slots: list[Optional[Slot]], deadline: float) -> None:
+        """Block until every slot's chunk is done or ``deadline`` (``time.monotonic``) passed.
+
+        A batch whose every chunk is wanted is waited for whole: one wake-up per batch, where
+        waiting chunk by chunk woke the caller for nearly every chunk read. Other batches
+        (read ahead, partly claimed by this get) are waited for chunk by chunk.
+        """
+        wanted: dict[int, list[Slot]] = {}
+        for slot in slots:
+            if slot is not None:
+                wanted.setdefault(id(slot.batch), []).append(slot)
+        for group in wanted.values():
+            batch = group[0].batch
+            if len(group) == len(batch.chunks):
+                batch.wait(max(0.0, deadline - time.monotonic()))
+                continue
+            for slot in group:
+                slot.chunk.wait(max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
     def expire(slots: list[Optional[Slot]], timeout_s: float) -> None:
         """Chunks still being read after the caller's deadline become misses (``timeout``)."""
         for slot in slots:
@@ -175,6 +196,29 @@ class ReadPath:
                 end_ns=max(c.ready_ns for c in chunks), reader_tids=tuple(sorted(batch.tids)),
                 failed_keys=tuple(c.key for c in chunks if c.error is not None),
                 chunks=tuple(_record(c, batch) for c in chunks)))
+
+    def _allocate_together(self, entries: list[Entry]) -> list[Any]:
+        """Memory objects for all ``entries`` in one allocator call, when they share one shape,
+        dtype and format and the pool has the room without evicting; else none (each is then
+        allocated on its own, evicting or waiting as LMCache does).
+
+        Why: one call costs about what one single allocation does (measured here: ~5 against
+        ~18 us a chunk), and with 3 MiB chunks a request allocates hundreds.
+        """
+        if len(entries) < 2 or self._allocator is None:
+            return []
+        first = entries[0].header
+        if any((e.header.shape, e.header.dtype, e.header.fmt)
+               != (first.shape, first.dtype, first.fmt) for e in entries):
+            return []
+        try:
+            objs = self._allocator.batched_allocate(
+                torch.Size(first.shape), _dtype(first.dtype), len(entries),
+                MemoryFormat[first.fmt], eviction=False, busy_loop=False)
+        except Exception:  # pins were taken: the one-by-one path below still runs
+            logger.warning("kvscope disk: batched allocation failed; one by one", exc_info=True)
+            return []
+        return list(objs) if objs is not None and len(objs) == len(entries) else []
 
     def _allocate(self, entry: Entry, busy_loop: bool) -> Optional[Any]:
         if self._allocator is None:
