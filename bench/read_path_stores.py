@@ -14,6 +14,10 @@ import time
 import torch
 
 
+# What one read_all served: each request's keys and the memory objects it got.
+Served = list[tuple[list[Any], list[Any]]]
+
+
 @dataclass(frozen=True)
 class ChunkSet:
     """N chunks of one model's KV geometry (KV_2LTD, bf16, 256 tokens)."""
@@ -97,6 +101,7 @@ class Store:
             raise RuntimeError(f"{label}: backend {location} did not load")
         self.keys = [CacheEngineKey(meta.model_name, 1, 0, 0xABC000 + i, torch.bfloat16)
                      for i in range(chunk_set.count)]
+        self._number = {key: i for i, key in enumerate(self.keys)}
 
     def fill(self) -> None:
         """Write the chunk set (chunk i is filled with a value derived from i), one chunk at a
@@ -112,8 +117,10 @@ class Store:
                     raise RuntimeError(f"{self.label}: writes did not finish in 600 s")
                 time.sleep(0.01)
 
-    def read_all(self, concurrency: int) -> float:
-        """Seconds to read every chunk: ``concurrency`` requests, each one batched get."""
+    def read_all(self, concurrency: int) -> tuple[float, "Served"]:
+        """Seconds to read every chunk (``concurrency`` requests, each one batched get) and
+        what each request got, for ``check_and_release`` after the CPU meter stops: checking
+        content is this bench's work, not the path's."""
         groups = [self.keys[i::concurrency] for i in range(concurrency)]
         results: list[list[Any]] = [[] for _ in groups]
 
@@ -126,16 +133,15 @@ class Store:
             t.start()
         for t in threads:
             t.join()
-        elapsed = time.perf_counter() - start
-        self._check_and_release(groups, results)
-        return elapsed
+        return time.perf_counter() - start, list(zip(groups, results, strict=True))
 
-    def _check_and_release(self, groups: list[list[Any]], results: list[list[Any]]) -> None:
-        for keys, objs in zip(groups, results, strict=True):
+    def check_and_release(self, served: "Served") -> None:
+        """Every chunk served with its own content (chunk i holds ``i % 251``); memory freed."""
+        for keys, objs in served:
             for key, obj in zip(keys, objs, strict=True):
                 if obj is None:
                     raise RuntimeError(f"{self.label}: chunk {key} was not served")
-                expected = float(self.keys.index(key) % 251)
+                expected = float(self._number[key] % 251)
                 flat = obj.tensor.view(-1)
                 if flat[0].item() != expected or flat[-1].item() != expected:
                     raise RuntimeError(f"{self.label}: chunk {key} has wrong content")
