@@ -3,7 +3,8 @@
 The same measurement `kvscope.tune: auto` makes when a server starts (patched_backend/
 parallel_disk/tune.py): the device's ceiling, then each read unit through the serving path
 itself (reader threads, checksums on, as a server is configured by default): one reader alone,
-Little's law for the readers that must be in flight, each candidate checked at its depth.
+Little's law for the readers that must be in flight, each candidate checked at its depth, the
+finalists read again in turns and ranked by their medians.
 """
 
 from __future__ import annotations

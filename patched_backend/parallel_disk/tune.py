@@ -17,12 +17,15 @@ it for its own reader), so they are measured on the chunk files themselves, O_DI
 4. each candidate unit is read at that depth, then at twice the depth while the rate still grows
    by more than ``GROWTH`` over the depth kept (up to ``MAX_READERS``; ``PATIENCE`` doublings
    without such a gain end it): its depth is where the rate stopped growing;
-5. the first ceiling point is read again: how far it moved is the machine's drift while it was
-   measured; the largest unit within ``TOLERANCE`` (or that drift, if larger) of the best rate
-   seen (ceiling or candidate) wins (fewer, larger reads: fewer wake-ups and less work per
-   byte), its readers and in-flight bytes with it; when no candidate comes that close to a
-   ceiling measured in a faster moment (or one the verifying path cannot reach on these cores),
-   the largest unit within that of the fastest candidate.
+5. one read is a moment: on a shared machine one configuration's rate moves 10-25 % between
+   reads seconds apart, as much as the candidates differ. So the search only picks finalists:
+   each unit's depth and the depth read after it (or before, when it was the last), units whose
+   search came within ``FINAL_MARGIN`` of the fastest. They are read again in ``FINAL_ROUNDS``
+   rounds, in turn, each round starting one finalist later (drift slows a round's reads alike,
+   and none is always first), and ranked by the median of their rate over their round's median;
+6. the largest unit within ``TOLERANCE`` of the best of that ranking wins (fewer, larger reads:
+   fewer wake-ups and less work per byte), with its fewest readers within it, and its in-flight
+   bytes.
 
 Every step is kept as a sentence (``Choice.reasons``) so ``kvscope tune`` can print why. The
 reads are O_DIRECT, so the page cache neither helps them nor needs dropping; a server tunes at
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Optional
 import errno
 import math
+import statistics
 import time
 
 # First Party
@@ -45,13 +49,16 @@ from kvscope.patched_backend.parallel_disk.io_engine import ChunkRead, Identity,
 
 UNITS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CEILING_POINTS = ((4 << 20, 32), (16 << 20, 8))
-TOLERANCE = 0.03  # the sweep's own repeat-to-repeat noise on a quiet disk (at least)
+TOLERANCE = 0.03  # finalists' medians closer than this count as equal: the larger unit wins
 GROWTH = 0.03  # doubling the depth must gain more than this to be worth its threads
 PATIENCE = 2  # doublings in a row without that gain that end a depth search
 MAX_READERS = 64
 MIN_BYTES = 256 << 20  # fewer chunk bytes than this on disk: nothing worth measuring
 POINT_BYTES = 512 << 20  # bytes read per measurement at depth
 ALONE_BYTES = 128 << 20  # bytes one reader reads alone per unit (its cycle time)
+FINAL_ROUNDS = 5  # the median of five stands through two reads in slow moments
+FINAL_MARGIN = 0.25  # a unit further behind the fastest in its search than one read's noise
+FINAL_BYTES = 256 << 20  # per finalist a round: half a search point, read five times
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ class Choice:
 
 
 Reader = Callable[[list[Path], int, int], float]  # files, unit, depth -> bytes per second
+Point = tuple[int, int]  # read unit, readers
+Steps = list[tuple[int, float]]  # a depth search's readers and rate, in the order read
 
 
 def raw_reader(files: list[Path], unit: int, depth: int) -> float:
@@ -174,59 +183,92 @@ def choose(files: list[Path], chunk_bytes: int, device: Reader, path: Reader) ->
             f"{cycle * 1e3:.1f} ms ({alone / 1e9:.2f} GB/s); {best / 1e9:.2f} GB/s x "
             f"{cycle * 1e3:.1f} ms = {best * cycle / mib:.0f} MiB in flight = {readers} readers")
         candidates.append((unit, readers))
-    measured = []
-    for unit, readers in candidates:
-        readers, rate = _deepen(files, unit, readers, path, best, reasons)
-        measured.append((unit, readers, rate))
-    tolerance = _tolerance(files, device, deep, reasons)
-    fastest = max(m[2] for m in measured)
-    top = max(best, fastest)
-    why = f"the largest unit within {tolerance:.0%} of the best rate, {top / 1e9:.2f} GB/s"
-    good = [m for m in measured if m[2] >= (1 - tolerance) * top]
-    if not good:  # a ceiling measured in a faster moment, or one verifying readers cannot reach
-        why = (f"none came within {tolerance:.0%} of the ceiling: the largest unit within "
-               f"{tolerance:.0%} of the fastest, {fastest / 1e9:.2f} GB/s")
-        good = [m for m in measured if m[2] >= (1 - tolerance) * fastest]
-    unit, readers, rate = max(good, key=lambda m: (m[0], -m[1]))
+    searches = {unit: _deepen(files, unit, readers, path, best, reasons)
+                for unit, readers in candidates}
+    points = _finalists(searches, reasons)
+    some = _leading(files, FINAL_BYTES)
+    rounds = interleave(points, lambda unit, depth: path(some, unit, depth), FINAL_ROUNDS)
+    score = scores(rounds)
+    rates = {p: statistics.median(r[p] for r in rounds) for p in points}
+    reasons.append(f"finals, {len(rounds)} rounds read in turn, each starting one later (the "
+                   "round's median: " + ", ".join(
+                       f"{statistics.median(r.values()) / 1e9:.2f}" for r in rounds)
+                   + " GB/s); each one's median GB/s and share of its round's median: "
+                   + ", ".join(f"{_point(p)} {rates[p] / 1e9:.2f} ({score[p]:.2f})"
+                               for p in points))
+    leader = max(points, key=lambda p: score[p])
+    good = [p for p in points if score[p] >= (1 - TOLERANCE) * score[leader]]
+    unit, readers = max(good, key=lambda p: (p[0], -p[1]))
     reasons.append(f"chosen: {unit / mib:g} MiB x {readers} readers, "
-                   f"{unit * readers / mib:g} MiB in flight, {rate / 1e9:.2f} GB/s ({why})")
+                   f"{unit * readers / mib:g} MiB in flight, {rates[unit, readers] / 1e9:.2f} "
+                   f"GB/s, {rates[unit, readers] / best:.0%} of the ceiling (the largest unit "
+                   f"within {TOLERANCE:.0%} of the finals' best, {_point(leader)})")
     return Choice(unit, readers, unit * readers, best, reasons)
 
 
-def _tolerance(files: list[Path], device: Reader, deep: dict[tuple[int, int], float],
-               reasons: list[str]) -> float:
-    """How far apart two rates may be and still count as equal: TOLERANCE, or more when the
-    first ceiling point, read again after the candidates, moved further (a shared machine
-    drifting while it was measured: within that, the larger unit's fewer reads win)."""
-    (unit, depth), first = next(iter(deep.items()))
-    again = device(files, unit, depth)
-    drift = abs(again - first) / max(again, first, 1.0)
-    reasons.append(f"ceiling again, {unit >> 20} MiB x {depth}: {again / 1e9:.2f} GB/s, "
-                   f"{drift:.0%} from the first")
-    return max(TOLERANCE, drift)
+def interleave(points: list[Point], read: Callable[[int, int], float],
+               rounds: int) -> list[dict[Point, float]]:
+    """Each of ``points`` read once a round by ``read`` (unit, readers -> bytes per second),
+    each round starting one point later than the one before: other work starting and stopping
+    slows the reads of one round alike, and no point is always read first or last. The rates
+    by round, in the order read."""
+    measured = []
+    for start in range(rounds):
+        order = [points[(start + i) % len(points)] for i in range(len(points))]
+        measured.append({p: read(*p) for p in order})
+    return measured
+
+
+def scores(rounds: list[dict[Point, float]]) -> dict[Point, float]:
+    """Each point's median, over the rounds, of its rate over its round's median rate: how far
+    ahead of the others it reads in the same moment. A round read while the machine was slow
+    divides out, and the median ignores the reads (fewer than half) that landed in a moment of
+    their own."""
+    levels = [statistics.median(r.values()) for r in rounds]
+    return {p: statistics.median(r[p] / level for r, level in zip(rounds, levels, strict=True))
+            for p in rounds[0]}
+
+
+def _finalists(searches: dict[int, tuple[Steps, int]], reasons: list[str]) -> list[Point]:
+    """Each unit's depth kept and the one read after it (before it, when it was the last): one
+    read each decided between them. Units whose depth kept read further behind the fastest than
+    one read's noise (``FINAL_MARGIN``) are out."""
+    fastest = max(steps[kept][1] for steps, kept in searches.values())
+    points: list[Point] = []
+    for unit, (steps, kept) in searches.items():
+        if steps[kept][1] < (1 - FINAL_MARGIN) * fastest:
+            reasons.append(f"{unit / (1 << 20):g} MiB is out: {steps[kept][1] / 1e9:.2f} GB/s, "
+                           f"over {FINAL_MARGIN:.0%} behind the fastest, {fastest / 1e9:.2f}")
+            continue
+        near = kept + 1 if kept + 1 < len(steps) else kept - 1
+        points += [(unit, steps[i][0]) for i in sorted({kept, near}) if i >= 0]
+    return points
+
+
+def _point(point: Point) -> str:
+    return f"{point[0] / (1 << 20):g} MiB x {point[1]}"
 
 
 def _deepen(files: list[Path], unit: int, readers: int, read: Reader, best: float,
-            reasons: list[str]) -> tuple[int, float]:
+            reasons: list[str]) -> tuple[Steps, int]:
     """``unit`` read by ``read`` at ``readers``, then at twice as many while that still gains
     more than GROWTH over the depth kept; the search ends after ``PATIENCE`` doublings in a
     row without such a gain (one can land in a slow moment of a shared machine, and small gains
-    add up). The depth kept and its rate."""
-    mib = 1 << 20
-    rate = read(files, unit, readers)
-    steps = [f"{readers} {rate / 1e9:.2f}"]
-    probe, misses = readers, 0
-    while probe < MAX_READERS and misses < PATIENCE:
-        probe = min(MAX_READERS, 2 * probe)
-        probe_rate = read(files, unit, probe)
-        steps.append(f"{probe} {probe_rate / 1e9:.2f}")
-        if probe_rate > (1 + GROWTH) * rate:
-            readers, rate, misses = probe, probe_rate, 0
+    add up). Every depth read with its rate, in order, and which of them was kept."""
+    steps = [(readers, read(files, unit, readers))]
+    kept, misses = 0, 0
+    while steps[-1][0] < MAX_READERS and misses < PATIENCE:
+        probe = min(MAX_READERS, 2 * steps[-1][0])
+        steps.append((probe, read(files, unit, probe)))
+        if steps[-1][1] > (1 + GROWTH) * steps[kept][1]:
+            kept, misses = len(steps) - 1, 0
         else:
             misses += 1
-    reasons.append(f"{unit / mib:g} MiB by readers (GB/s): {', '.join(steps)}; "
-                   f"{readers} readers, {rate / best:.0%} of the ceiling")
-    return readers, rate
+    readers, rate = steps[kept]
+    reasons.append(f"{unit / (1 << 20):g} MiB by readers (GB/s): "
+                   + ", ".join(f"{d} {r / 1e9:.2f}" for d, r in steps)
+                   + f"; {readers} readers, {rate / best:.0%} of the ceiling")
+    return steps, kept
 
 
 def chunk_files(directory: Path, limit_bytes: int = POINT_BYTES) -> tuple[list[Path], int]:

@@ -1,7 +1,8 @@
 """`kvscope tune` as a user runs it: the command line on a real directory of chunk files, real
 O_DIRECT reads through the serving path, no vLLM. The choice is whatever this disk gives (a
 timing is never asserted); what must hold is that it is a configuration the backend accepts,
-within the search's bounds, and that the printed reasoning is the measurement it came from."""
+within the search's bounds, and that the printed reasoning is the measurement it came from:
+a depth one unit's search read, read again in the finals."""
 
 from __future__ import annotations
 
@@ -42,17 +43,18 @@ def test_tune_prints_its_reasoning_and_knobs_the_backend_accepts(kv_dir):
     settings = from_extra_config({"kvscope.path": str(kv_dir), "kvscope.capacity": "1GB",
                                   **{f"kvscope.{k}": v for k, v in knobs.items()}})
     assert (settings.read_unit, settings.queue_depth) == (unit, depth)
-    # the reasoning: the ceiling, each candidate alone and by depth, and the choice among them
+    # the reasoning: the ceiling, each candidate alone and by depth, the finals, the choice
     assert re.search(r"^  ceiling \(raw reader\): 4 MiB x 32 [\d.]+ GB/s, 16 MiB x 8 ", out, re.M)
     for candidate in ("1", "3"):
         assert re.search(rf"^  {candidate} MiB: one reader alone reads and verifies one in ",
                          out, re.M)
     steps = re.search(rf"^  {unit // MIB} MiB by readers \(GB/s\): (.*); (\d+) readers", out,
                       re.M)
-    assert steps and int(steps[2]) == depth  # the depth its own search settled on
-    assert f" {depth} " in f" {steps[1]}"
-    assert re.search(r"^  ceiling again, 4 MiB x 32: [\d.]+ GB/s, \d+% from the first$", out,
-                     re.M)
+    assert steps and f" {depth} " in f" {steps[1]}"  # a depth its own search read
+    finals = re.search(r"^  finals, (\d+) rounds read in turn, .*: (.*)$", out, re.M)
+    assert finals and int(finals[1]) == tune.FINAL_ROUNDS
+    assert f"{unit // MIB} MiB x {depth} " in finals[2]  # read again in the finals
+    assert f"{unit // MIB} MiB x {steps[2]} " in finals[2]  # beside the depth the search kept
     assert re.search(rf"^  chosen: {unit // MIB} MiB x {depth} readers, "
                      rf"{unit * depth // MIB} MiB in flight", out, re.M)
 

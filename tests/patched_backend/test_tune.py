@@ -10,6 +10,7 @@ checked by hand."""
 # Standard
 from pathlib import Path
 import math
+import random
 
 # Third Party
 import pytest
@@ -65,35 +66,84 @@ def test_a_unit_that_falls_short_at_its_depth_is_not_chosen(tmp_path):
     assert choice.read_unit == 16 * MIB
 
 
-def test_a_machine_that_drifts_while_measured_widens_what_counts_as_equal(tmp_path):
-    """64 MiB reads come 8 % short of 16 MiB ones: on a steady machine 16 MiB wins; when the
-    ceiling read again after the candidates moved 15 %, 8 % is within the noise and the larger
-    unit's fewer reads win."""
-    def short_large(files, unit, depth):
-        return _path(files, unit, depth) * (0.92 if unit >= 64 * MIB else 1.0)
-
-    calls = []
-
-    def drifting(files, unit, depth):  # the last call is the ceiling read again
-        calls.append(unit)
-        return _device(files, unit, depth) * (0.85 if len(calls) > len(tune.CEILING_POINTS)
-                                              else 1.0)
-
-    (tmp_path / "a.kvc").write_bytes(b"")
-    assert tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, short_large).read_unit == 16 * MIB
-    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, drifting, short_large)
-    assert choice.read_unit == 64 * MIB
-    assert "ceiling again, 4 MiB x 32: 1.70 GB/s, 15% from the first" in choice.reasons
-    assert "within 15% of the best rate" in choice.reasons[-1]
-
-
-def test_when_no_candidate_reaches_the_ceiling_the_fastest_wins(tmp_path):
-    def behind(files, unit, depth):  # verifying readers on two cores: 0.9 of the raw ceiling
+def test_a_ceiling_the_verifying_path_cannot_reach_does_not_hold_the_choice(tmp_path):
+    """Verifying readers on two cores reach 0.9 of the raw ceiling whatever the unit: the
+    candidates are ranked among themselves, and the largest unit wins."""
+    def behind(files, unit, depth):
         return min(0.9 * CEILING, _path(files, unit, depth))
 
     (tmp_path / "a.kvc").write_bytes(b"")
     choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, behind)
-    assert choice.read_unit == 64 * MIB and "none came within 3%" in choice.reasons[-1]
+    assert choice.read_unit == 64 * MIB and "90% of the ceiling" in choice.reasons[-1]
+
+
+def test_the_finals_median_finds_the_best_where_one_read_each_does_not():
+    """A machine whose speed drifts from read to read (a random walk of 5 % a read, within
+    0.6-1.2) and jitters around that (10 % a read), as a shared VM does, reading three
+    configurations whose true rates are 3.0, 2.8 and 2.7 GB/s. Over 200 such machines (seeded:
+    the same every run), one read each ranks the fastest first in about 60 % of them; five
+    interleaved rounds ranked by the median share of their round find it in about 88 %."""
+    true = {(64 * MIB, 4): 3.0e9, (16 * MIB, 8): 2.8e9, (4 * MIB, 32): 2.7e9}
+    best = (64 * MIB, 4)
+
+    def machine(seed):
+        rng, level = random.Random(seed), [1.0]
+
+        def read(unit, depth):
+            level[0] = min(1.2, max(0.6, level[0] * math.exp(rng.gauss(0, 0.05))))
+            return true[unit, depth] * level[0] * math.exp(rng.gauss(0, 0.10))
+        return read
+
+    single = finals = 0
+    for seed in range(200):
+        read = machine(seed)
+        once = {p: read(*p) for p in true}
+        single += max(once, key=once.__getitem__) == best
+        score = tune.scores(tune.interleave(list(true), machine(seed), tune.FINAL_ROUNDS))
+        finals += max(score, key=score.__getitem__) == best
+    assert single <= 140 and finals >= 160, (single, finals)
+
+
+def test_interleaved_rounds_start_one_later_and_divide_out_a_slow_round():
+    """Each round reads every point once, starting one later; a round read while the machine
+    was twice as slow scores the same as the others."""
+    order = []
+
+    def read(unit, depth):
+        order.append((unit, depth))
+        return unit * (0.5 if len(order) <= 3 else 1.0)  # the first round at half speed
+
+    points = [(1, 1), (2, 1), (4, 1)]
+    rounds = tune.interleave(points, read, 4)
+    assert order == points + points[1:] + points[:1] + points[2:] + points[:2] + points
+    assert [list(r) for r in rounds] == [order[i:i + 3] for i in range(0, 12, 3)]
+    assert tune.scores(rounds) == {(1, 1): 0.5, (2, 1): 1.0, (4, 1): 2.0}
+
+
+def test_slow_moments_in_the_search_do_not_decide_the_choice(tmp_path):
+    """Another process takes the cores while 64 MiB units are searched: their three reads come
+    20 % slow, behind 16 MiB units read at the ceiling, where one read each would choose 16 MiB.
+    The finals read both again in turn; one of their ten 64 MiB reads is slow too, and the
+    median passes over it: 64 MiB units read as fast as 16 MiB ones, and the larger unit wins."""
+    deep = []
+
+    def moments(files, unit, depth):
+        if unit == 64 * MIB and depth > 1:
+            deep.append(depth)
+            if len(deep) in (1, 2, 3, 5):
+                return 0.8 * _path(files, unit, depth)
+        return _path(files, unit, depth)
+
+    (tmp_path / "a.kvc").write_bytes(b"")
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, moments)
+    reasons = "\n".join(choice.reasons)
+    assert "16 MiB by readers (GB/s): 3 2.00, 6 2.00, 12 2.00; 3 readers" in reasons
+    assert "64 MiB by readers (GB/s): 3 1.60, 6 1.60, 12 1.60; 3 readers, 80% of" in reasons
+    assert len(deep) == 3 + 2 * tune.FINAL_ROUNDS  # the search, then 64 MiB x 3 and x 6
+    assert "64 MiB x 3 2.00 (1.00), 64 MiB x 6 2.00 (1.00)" in reasons
+    assert (choice.read_unit, choice.queue_depth) == (64 * MIB, 3)
+    assert choice.reasons[-1].startswith("chosen: 64 MiB x 3 readers, 192 MiB in flight, "
+                                         "2.00 GB/s, 100% of the ceiling")
 
 
 def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_path):
