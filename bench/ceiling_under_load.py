@@ -24,11 +24,7 @@ from typing import Optional
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import time
-
-SPIN = "while True: pass"
 
 
 def _parse(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -49,17 +45,9 @@ def _read(files: list[Path], unit: int, depth: int, busy: int) -> float:
     from kvscope.capture import ceiling
     from kvscope.capture.workload import system
 
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=lambda: os.nice(19))
-                for _ in range(busy)]
-    try:
-        if spinners:
-            time.sleep(1.0)  # let them reach their cores
+    with ceiling.cpus_busy(busy):
         system.drop_page_cache()
         return ceiling.read_files(files, unit, depth).bytes_per_s / 1e9
-    finally:
-        for proc in spinners:
-            proc.kill()
-            proc.wait()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

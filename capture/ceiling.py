@@ -15,13 +15,16 @@ import json
 import mmap
 import os
 import shutil
+import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from kvscope.capture.workload import system
 
@@ -31,6 +34,8 @@ DEFAULT_DEPTH = 32
 # (unit, depth) of the raw reader's sweep; the first is the historical single measurement.
 SWEEP: tuple[tuple[int, int], ...] = ((4 << 20, 32), (4 << 20, 8), (1 << 20, 16), (16 << 20, 8))
 SWEEP_LIMIT_BYTES = 2 << 30  # bytes read per sweep point: ~0.5 s at 4 GB/s
+BUSY_REPS = 3  # idle and busy reads alternated this many times: the medians are compared
+SPIN_SETTLE_S = 1.0  # for the spinners to reach their cores before a busy read
 RAW_METHOD = "raw O_DIRECT preadv, page cache dropped"
 FIO_METHOD = "fio io_uring O_DIRECT sequential read, page cache dropped"
 
@@ -102,6 +107,50 @@ def read_files(files: list[Path], unit: int = DEFAULT_UNIT, depth: int = DEFAULT
     seconds = time.perf_counter() - started
     return Ceiling(total / seconds if seconds else 0.0, total, seconds, len(files), unit, depth,
                    when=when)
+
+
+@contextmanager
+def cpus_busy(n: int) -> Iterator[None]:
+    """`n` spinning processes at nice 19 for the body's duration: the CPUs are busy, as a
+    serving engine keeps them, yet any reader that wants a core gets it at once, and a spinner
+    touches no memory. On a VM whose virtual disk is emulated by host threads sharing host cores
+    with the vCPUs, busy vCPUs slow the disk itself; this is how to see it."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                 preexec_fn=lambda: os.nice(19)) for _ in range(n)]
+    try:
+        if spinners:
+            time.sleep(SPIN_SETTLE_S)
+        yield
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+
+
+def measure_busy(kv_dir: Path, unit: int, depth: int, reps: int = BUSY_REPS,
+                 limit_bytes: int = SWEEP_LIMIT_BYTES) -> dict[str, Any] | None:
+    """The disk's rate with every CPU busy over its rate idle, the two read alternately `reps`
+    times at one configuration (None when there are no chunk files); needs root.
+
+    A live phase reads while the engine computes, so the idle ceiling can be out of reach for
+    reasons no read path controls; this ratio says how far (the study scales its ceiling by it
+    for a second bar)."""
+    files = chunk_files(kv_dir, limit_bytes)
+    if not files:
+        return None
+    cpus = len(os.sched_getaffinity(0))
+    idle: list[float] = []
+    busy: list[float] = []
+    for _ in range(reps):
+        system.drop_page_cache()
+        idle.append(read_files(files, unit, depth).bytes_per_s)
+        with cpus_busy(cpus):
+            system.drop_page_cache()
+            busy.append(read_files(files, unit, depth).bytes_per_s)
+    idle_rate, busy_rate = statistics.median(idle), statistics.median(busy)
+    return {"unit": unit, "depth": depth, "busy_cpus": cpus, "idle_bytes_per_s": idle_rate,
+            "busy_bytes_per_s": busy_rate, "ratio": busy_rate / idle_rate if idle_rate else 0.0,
+            "idle_samples": idle, "busy_samples": busy}
 
 
 def fio_read(files: list[Path], unit: int = DEFAULT_UNIT, depth: int = DEFAULT_DEPTH,

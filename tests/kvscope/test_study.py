@@ -98,6 +98,24 @@ def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_ru
     assert other.bytes_per_s == 4.5e9 and other.spread == pytest.approx((4.5 - 3.21) / 4.5)
 
 
+def test_the_disk_read_with_every_cpu_busy_scales_the_ceiling_into_a_second_bar(three_runs,
+                                                                                 tmp_path):
+    steps = study.plan(study_options.StudyOptions(out=tmp_path, profiles=list(three_runs)))
+    busy = {"unit": 4 << 20, "depth": 32, "busy_cpus": 2, "idle_bytes_per_s": 4e9,
+            "busy_bytes_per_s": 2e9, "ratio": 0.5, "idle_samples": [4e9], "busy_samples": [2e9]}
+    body = study.record(tmp_path, three_runs, steps, {}, busy)
+    assert body["device_busy_ratios"] == {"vda": busy}
+    for run in three_runs.values():
+        assert rundir.read_manifest(run)["study"]["device_busy_ratio"] == busy
+        outputs.analyze(run, plots=False)
+    table = study.headline(three_runs)
+    expected = (table["read_GBps"] / (table["ceiling_GBps"] * 0.5)).clip(upper=1.0)
+    assert table["read_vs_busy_ceiling"].to_numpy() == pytest.approx(expected.to_numpy())
+    assert (table["read_vs_busy_ceiling"] > table["read_vs_ceiling"]).all()
+    study.record(tmp_path, three_runs, steps, {})  # no busy measurement: no second bar
+    assert study.headline(three_runs)["read_vs_busy_ceiling"].isna().all()
+
+
 def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(three_runs, tmp_path):
     steps = study.plan(study_options.StudyOptions(out=tmp_path, profiles=list(three_runs)))
     study.record(tmp_path, three_runs, steps, {})
