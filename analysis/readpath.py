@@ -25,6 +25,7 @@ from kvscope.analysis import blockjoin, spantable
 from kvscope.contract import semconv
 
 BACK_TO_BACK_NS = 20_000_000  # a reader's next read within this was waiting on the reader, not on work
+GAP_CAUSES = "checksum, bookkeeping, waiting for a core"  # what a reader's gap between reads holds
 IDLE_CAUSES = {"transfer": semconv.SPAN_KV_TRANSFER, "prefill": semconv.SPAN_PREFILL}
 
 
@@ -59,8 +60,11 @@ def _covered_ns(gaps: tuple[np.ndarray, np.ndarray], spans: pd.DataFrame) -> int
 
 def _waiting(in_phase: pd.DataFrame) -> pd.DataFrame:
     """Per request that read: from its arrival at the server to the end of its last read."""
-    reads = in_phase[in_phase["name"] == semconv.SPAN_STORAGE_READ].groupby("request_id")["end_ns"].max()
-    arrived = in_phase[in_phase["name"] == semconv.SPAN_SERVER_REQUEST].groupby("request_id")["start_ns"].min()
+    def of(name: str) -> pd.DataFrame:
+        return in_phase[in_phase["name"] == name]
+
+    reads = of(semconv.SPAN_STORAGE_READ).groupby("request_id")["end_ns"].max()
+    arrived = of(semconv.SPAN_SERVER_REQUEST).groupby("request_id")["start_ns"].min()
     both = pd.concat({"start_ns": arrived, "end_ns": reads}, axis=1, join="inner")
     return both.astype(np.int64)
 
@@ -128,6 +132,5 @@ def words(r: dict[str, Any]) -> str:
                  f"were in flight, each read {r['io_p50_ms']:.1f} ms at the device (p50)")
         if r["reader_gap_p50_ms"] is not None:
             text += (f" and each reader {r['reader_gap_p50_ms']:.1f} ms (p50, p90 "
-                     f"{r['reader_gap_p90_ms']:.1f} ms) between its reads (checksum, "
-                     "bookkeeping, waiting for a core)")
+                     f"{r['reader_gap_p90_ms']:.1f} ms) between its reads ({GAP_CAUSES})")
     return text

@@ -115,9 +115,10 @@ def cpus_busy(n: int) -> Iterator[None]:
     serving engine keeps them, yet any reader that wants a core gets it at once, and a spinner
     touches no memory. On a VM whose virtual disk is emulated by host threads sharing host cores
     with the vCPUs, busy vCPUs slow the disk itself; this is how to see it."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                 preexec_fn=lambda: os.nice(19)) for _ in range(n)]
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
     try:
+        for proc in spinners:  # not preexec_fn: unsafe in a process with threads
+            os.setpriority(os.PRIO_PROCESS, proc.pid, 19)
         if spinners:
             time.sleep(SPIN_SETTLE_S)
         yield

@@ -449,6 +449,8 @@ def target_reasons(runs: dict[str, Path], targets: pd.DataFrame) -> list[str]:
 
 
 def _read_reason(share: float, busy_share: float, reads: dict) -> str:
+    from kvscope.analysis import readpath
+
     text = f"read {share:.2f}x the ceiling while reading"
     if not math.isnan(busy_share):
         text += (f" ({busy_share:.2f}x the ceiling scaled to what the disk gave with every CPU "
@@ -460,7 +462,7 @@ def _read_reason(share: float, busy_share: float, reads: dict) -> str:
              f"{reads['io_p50_ms']:.1f} ms there (p50)")
     if reads["reader_gap_p50_ms"] is not None:
         text += (f", and each of {reads['readers']} readers {reads['reader_gap_p50_ms']:.1f} ms "
-                 "(p50) between its reads (checksum, bookkeeping, waiting for a core)")
+                 f"(p50) between its reads ({readpath.GAP_CAUSES})")
     return text
 
 
