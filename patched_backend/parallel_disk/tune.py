@@ -23,9 +23,13 @@ it for its own reader), so they are measured on the chunk files themselves, O_DI
    search came within ``FINAL_MARGIN`` of the fastest. They are read again in ``FINAL_ROUNDS``
    rounds, in turn, each round starting one finalist later (drift slows a round's reads alike,
    and none is always first), and ranked by the median of their rate over their round's median;
-6. the largest unit within ``TOLERANCE`` of the best of that ranking wins (fewer, larger reads:
-   fewer wake-ups and less work per byte), with its fewest readers within it, and its in-flight
-   bytes.
+6. of the finalists within ``TOLERANCE`` of the best of that ranking, the one that spent the
+   least CPU per byte wins, with its in-flight bytes. A server reads while its engine computes
+   on the same cores: a reader's cycle is a cycle the prefill and the copies into the KV cache
+   wait for, so among rates a quiet measurement cannot tell apart the cheaper one serves better
+   (in two live runs side by side, 1 MiB x 16 had the slowest TTFT at c=16 of three knob sets
+   whose reads moved within 12 % of each other, and the longest copies into the KV cache;
+   docs/backend.md, "Tuning").
 
 Every step is kept as a sentence (``Choice.reasons``) so ``kvscope tune`` can print why. The
 reads are O_DIRECT, so the page cache neither helps them nor needs dropping; a server tunes at
@@ -35,7 +39,7 @@ start on the chunk files it found (4-8 s on the project VM), before it serves.
 # Standard
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional, TypeVar
 import errno
 import math
 import statistics
@@ -49,7 +53,7 @@ from kvscope.patched_backend.parallel_disk.io_engine import ChunkRead, Identity,
 
 UNITS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CEILING_POINTS = ((4 << 20, 32), (16 << 20, 8))
-TOLERANCE = 0.03  # finalists' medians closer than this count as equal: the larger unit wins
+TOLERANCE = 0.05  # finalists' medians closer than this count as equal: the cheaper one wins
 GROWTH = 0.03  # doubling the depth must gain more than this to be worth its threads
 PATIENCE = 2  # doublings in a row without that gain that end a depth search
 MAX_READERS = 64
@@ -76,7 +80,17 @@ class Choice:
                 "max_inflight_bytes": self.max_inflight_bytes}
 
 
+class Reading(NamedTuple):
+    """One measurement of the serving path: payload bytes per second, and the CPU time the
+    process spent per GB of payload while reading it (every reader thread's, checksums too)."""
+
+    bytes_per_s: float
+    cpu_s_per_gb: float
+
+
 Reader = Callable[[list[Path], int, int], float]  # files, unit, depth -> bytes per second
+PathMeasure = Callable[[list[Path], int, int], Reading]  # files, unit, depth -> a reading
+T = TypeVar("T")
 Point = tuple[int, int]  # read unit, readers
 Steps = list[tuple[int, float]]  # a depth search's readers and rate, in the order read
 
@@ -90,7 +104,8 @@ class PathReader:
     """Chunk files read the way the backend serves them: an ``IOEngine`` of ``depth`` reader
     threads, ``unit`` sub-reads, ``unit * depth`` bytes in flight, O_DIRECT into huge-page
     memory (LMCache's pool is collapsed to huge pages, buffers.py), each block's XXH3-64 checked
-    when ``verify``. Payload bytes per second from submit to the last chunk's end.
+    when ``verify``. Payload bytes per second from submit to the last chunk's end, and the
+    process's CPU time over that read per GB of payload.
 
     The memory is one buffer as large as the most files read, touched when made and kept
     between measurements, so none of them pays for faulting it in.
@@ -105,9 +120,10 @@ class PathReader:
         self._memory: Optional[memoryview] = None
         self._headers: dict[Path, tuple[ChunkHeader, Identity]] = {}
 
-    def __call__(self, files: list[Path], unit: int, depth: int) -> float:
+    def __call__(self, files: list[Path], unit: int, depth: int) -> Reading:
         headers = [self._header(f) for f in files]
         memory = self._buffer(sum(padded(h.payload_len) for h, _ in headers))
+        cpu_started = time.process_time()
         engine = IOEngine(depth, unit, unit * depth, odirect=self.odirect)
         try:
             chunks: list[ChunkRead] = []
@@ -124,11 +140,13 @@ class PathReader:
             batch.wait()
         finally:
             engine.close()
+        cpu_s = time.process_time() - cpu_started
         failed = next((c for c in chunks if c.error is not None), None)
         if failed is not None and failed.error is not None:
             raise OSError(errno.EIO, f"{failed.path}: {failed.error[0]}: {failed.error[1]}")
         seconds = max(batch.end_ns - batch.submit_ns, 1) / 1e9
-        return sum(c.payload_len for c in chunks) / seconds
+        payload = sum(c.payload_len for c in chunks)
+        return Reading(payload / seconds, cpu_s / payload * 1e9)
 
     def _header(self, path: Path) -> tuple[ChunkHeader, Identity]:
         if path not in self._headers:
@@ -158,7 +176,7 @@ def hash_rate(nbytes: int = 64 << 20, in_cache: bool = False) -> float:
     return nbytes / max(time.thread_time() - started, 1e-9)
 
 
-def choose(files: list[Path], chunk_bytes: int, device: Reader, path: Reader) -> Choice:
+def choose(files: list[Path], chunk_bytes: int, device: Reader, path: PathMeasure) -> Choice:
     """Measure on ``files`` (chunk payloads of ``chunk_bytes``, padded) and choose: the ceiling
     with ``device`` (a raw reader), every candidate with ``path`` (the serving path).
 
@@ -175,7 +193,7 @@ def choose(files: list[Path], chunk_bytes: int, device: Reader, path: Reader) ->
     units = sorted({min(u, chunk_bytes) for u in UNITS})
     candidates = []
     for unit in units:
-        alone = path(few, unit, 1)
+        alone = path(few, unit, 1).bytes_per_s
         cycle = unit / alone
         readers = min(MAX_READERS, max(2, math.ceil(best * cycle / unit)))
         reasons.append(
@@ -187,28 +205,32 @@ def choose(files: list[Path], chunk_bytes: int, device: Reader, path: Reader) ->
                 for unit, readers in candidates}
     points = _finalists(searches, reasons)
     some = _leading(files, FINAL_BYTES)
-    rounds = interleave(points, lambda unit, depth: path(some, unit, depth), FINAL_ROUNDS)
+    readings = interleave(points, lambda unit, depth: path(some, unit, depth), FINAL_ROUNDS)
+    rounds = [{p: r.bytes_per_s for p, r in by_point.items()} for by_point in readings]
     score = scores(rounds)
     rates = {p: statistics.median(r[p] for r in rounds) for p in points}
+    cpu = {p: statistics.median(r[p].cpu_s_per_gb for r in readings) for p in points}
     reasons.append(f"finals, {len(rounds)} rounds read in turn, each starting one later (the "
                    "round's median: " + ", ".join(
                        f"{statistics.median(r.values()) / 1e9:.2f}" for r in rounds)
-                   + " GB/s); each one's median GB/s and share of its round's median: "
-                   + ", ".join(f"{_point(p)} {rates[p] / 1e9:.2f} ({score[p]:.2f})"
-                               for p in points))
+                   + " GB/s); each one's median GB/s, share of its round's median, and CPU-s "
+                   "per GB: " + ", ".join(
+                       f"{_point(p)} {rates[p] / 1e9:.2f} ({score[p]:.2f}, {cpu[p]:.3f})"
+                       for p in points))
     leader = max(points, key=lambda p: score[p])
     good = [p for p in points if score[p] >= (1 - TOLERANCE) * score[leader]]
-    unit, readers = max(good, key=lambda p: (p[0], -p[1]))
+    unit, readers = min(good, key=lambda p: (cpu[p], -p[0], p[1]))
     reasons.append(f"chosen: {unit / mib:g} MiB x {readers} readers, "
                    f"{unit * readers / mib:g} MiB in flight, {rates[unit, readers] / 1e9:.2f} "
-                   f"GB/s, {rates[unit, readers] / best:.0%} of the ceiling (the largest unit "
-                   f"within {TOLERANCE:.0%} of the finals' best, {_point(leader)})")
+                   f"GB/s, {rates[unit, readers] / best:.0%} of the ceiling, "
+                   f"{cpu[unit, readers]:.3f} CPU-s/GB (the least CPU per GB of the "
+                   f"{len(good)} within {TOLERANCE:.0%} of the finals' best, {_point(leader)})")
     return Choice(unit, readers, unit * readers, best, reasons)
 
 
-def interleave(points: list[Point], read: Callable[[int, int], float],
-               rounds: int) -> list[dict[Point, float]]:
-    """Each of ``points`` read once a round by ``read`` (unit, readers -> bytes per second),
+def interleave(points: list[Point], read: Callable[[int, int], T],
+               rounds: int) -> list[dict[Point, T]]:
+    """Each of ``points`` read once a round by ``read`` (unit, readers -> its measurement),
     each round starting one point later than the one before: other work starting and stopping
     slows the reads of one round alike, and no point is always read first or last. The rates
     by round, in the order read."""
@@ -249,17 +271,17 @@ def _point(point: Point) -> str:
     return f"{point[0] / (1 << 20):g} MiB x {point[1]}"
 
 
-def _deepen(files: list[Path], unit: int, readers: int, read: Reader, best: float,
+def _deepen(files: list[Path], unit: int, readers: int, read: PathMeasure, best: float,
             reasons: list[str]) -> tuple[Steps, int]:
     """``unit`` read by ``read`` at ``readers``, then at twice as many while that still gains
     more than GROWTH over the depth kept; the search ends after ``PATIENCE`` doublings in a
     row without such a gain (one can land in a slow moment of a shared machine, and small gains
     add up). Every depth read with its rate, in order, and which of them was kept."""
-    steps = [(readers, read(files, unit, readers))]
+    steps = [(readers, read(files, unit, readers).bytes_per_s)]
     kept, misses = 0, 0
     while steps[-1][0] < MAX_READERS and misses < PATIENCE:
         probe = min(MAX_READERS, 2 * steps[-1][0])
-        steps.append((probe, read(files, unit, probe)))
+        steps.append((probe, read(files, unit, probe).bytes_per_s))
         if steps[-1][1] > (1 + GROWTH) * steps[kept][1]:
             kept, misses = len(steps) - 1, 0
         else:

@@ -9,6 +9,7 @@ checked by hand."""
 
 # Standard
 from pathlib import Path
+from typing import Callable
 import math
 import random
 
@@ -23,6 +24,7 @@ from kvscope.testkit.chunk_files import write_chunks
 
 MIB = 1 << 20
 CEILING, LATENCY, BANDWIDTH, VERIFY = 2e9, 0.002, 1e9, 8e9
+READ_CPU = 50e-6
 
 
 def _device(files: list[Path], unit: int, depth: int) -> float:
@@ -41,6 +43,14 @@ def _path(files: list[Path], unit: int, depth: int) -> float:
     return min(CEILING, depth * unit / (LATENCY + unit / BANDWIDTH + unit / VERIFY))
 
 
+def _reading(rate: Callable[[list[Path], int, int], float]) -> tune.PathMeasure:
+    """A serving-path reader at ``rate`` whose CPU per GB is the checksum's plus READ_CPU a
+    read (submitting, waking, accounting): larger units cost less."""
+    def read(files: list[Path], unit: int, depth: int) -> tune.Reading:
+        return tune.Reading(rate(files, unit, depth), (1 / VERIFY + READ_CPU / unit) * 1e9)
+    return read
+
+
 @pytest.mark.parametrize("chunk, unit, readers", [
     (64 * MIB, 64 * MIB, 3),  # 69 ms a read + 8 ms to verify: 2 GB/s x 78 ms = 2.3 units -> 3
     (3 * MIB, 3 * MIB, 4),  # 5.1 ms a read + 0.4 ms to verify: 3.5 units -> 4 readers
@@ -48,7 +58,7 @@ def _path(files: list[Path], unit: int, depth: int) -> float:
 def test_littles_law_picks_the_largest_unit_that_reaches_the_ceiling(chunk, unit, readers,
                                                                      tmp_path):
     (tmp_path / "a.kvc").write_bytes(b"")
-    choice = tune.choose([tmp_path / "a.kvc"], chunk, _device, _path)
+    choice = tune.choose([tmp_path / "a.kvc"], chunk, _device, _reading(_path))
     cycle = LATENCY + unit / BANDWIDTH + unit / VERIFY
     assert readers == math.ceil(CEILING * cycle / unit)
     assert (choice.read_unit, choice.queue_depth) == (unit, readers)
@@ -62,7 +72,7 @@ def test_a_unit_that_falls_short_at_its_depth_is_not_chosen(tmp_path):
         return min(rate, 1.5e9) if unit >= 64 * MIB else rate
 
     (tmp_path / "a.kvc").write_bytes(b"")
-    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, slow_large)
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, _reading(slow_large))
     assert choice.read_unit == 16 * MIB
 
 
@@ -73,8 +83,26 @@ def test_a_ceiling_the_verifying_path_cannot_reach_does_not_hold_the_choice(tmp_
         return min(0.9 * CEILING, _path(files, unit, depth))
 
     (tmp_path / "a.kvc").write_bytes(b"")
-    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, behind)
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, _reading(behind))
     assert choice.read_unit == 64 * MIB and "90% of the ceiling" in choice.reasons[-1]
+
+
+def test_of_rates_within_tolerance_the_read_that_costs_least_cpu_wins(tmp_path):
+    """16 and 64 MiB units both reach the ceiling, but here a 64 MiB read costs twice the CPU
+    per GB of a 16 MiB one: 16 MiB wins (a server's readers share the cores with its engine).
+    1 and 4 MiB units cost less still but read 10 % behind, outside the tolerance: not chosen."""
+    cost = {MIB: 0.05, 4 * MIB: 0.05, 16 * MIB: 0.15, 64 * MIB: 0.30}
+
+    def read(files: list[Path], unit: int, depth: int) -> tune.Reading:
+        rate = _path(files, unit, depth) * (0.9 if unit < 16 * MIB else 1.0)
+        return tune.Reading(rate, cost[unit])
+
+    (tmp_path / "a.kvc").write_bytes(b"")
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, read)
+    assert choice.read_unit == 16 * MIB
+    assert "1 MiB x 7 1.80 (0.95, 0.050)" in "\n".join(choice.reasons)  # of rounds at 1.90
+    assert "2.00 GB/s, 100% of the ceiling, 0.150 CPU-s/GB (the least CPU per GB of the 4 within " \
+        "5% of the finals' best" in choice.reasons[-1]
 
 
 def test_the_finals_median_finds_the_best_where_one_read_each_does_not():
@@ -135,12 +163,12 @@ def test_slow_moments_in_the_search_do_not_decide_the_choice(tmp_path):
         return _path(files, unit, depth)
 
     (tmp_path / "a.kvc").write_bytes(b"")
-    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, moments)
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, _reading(moments))
     reasons = "\n".join(choice.reasons)
     assert "16 MiB by readers (GB/s): 3 2.00, 6 2.00, 12 2.00; 3 readers" in reasons
     assert "64 MiB by readers (GB/s): 3 1.60, 6 1.60, 12 1.60; 3 readers, 80% of" in reasons
     assert len(deep) == 3 + 2 * tune.FINAL_ROUNDS  # the search, then 64 MiB x 3 and x 6
-    assert "64 MiB x 3 2.00 (1.00), 64 MiB x 6 2.00 (1.00)" in reasons
+    assert "64 MiB x 3 2.00 (1.00, 0.126), 64 MiB x 6 2.00 (1.00, 0.126)" in reasons
     assert (choice.read_unit, choice.queue_depth) == (64 * MIB, 3)
     assert choice.reasons[-1].startswith("chosen: 64 MiB x 3 readers, 192 MiB in flight, "
                                          "2.00 GB/s, 100% of the ceiling")
@@ -152,7 +180,7 @@ def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_p
     doubles the depth while the rate grows (10: 87 %, 20: 100 %, 40 and 64: no gain) and keeps
     20."""
     (tmp_path / "a.kvc").write_bytes(b"")
-    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, _queueing)
+    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, _reading(_queueing))
     assert _queueing([], 3 * MIB, 5) < 0.7 * CEILING  # where Little's law alone would stop
     assert (choice.read_unit, choice.queue_depth) == (3 * MIB, 20)
     assert ("3 MiB by readers (GB/s): 5 1.36, 10 1.75, 20 2.00, 40 2.00, 64 2.00; 20 readers"
@@ -164,7 +192,8 @@ def test_the_path_reader_reads_through_the_engine_and_its_checksums(tmp_path):
     fails the measurement with checksums on (the backend then keeps the knobs as set), and reads
     through with them off (``verify_checksum: false`` is tuned without the checksum's cost)."""
     files = write_chunks(tmp_path, 4, (MIB,))
-    assert tune.PathReader()(files, MIB, 2) > 0
+    reading = tune.PathReader()(files, MIB, 2)
+    assert reading.bytes_per_s > 0 and reading.cpu_s_per_gb > 0
     with open(files[2], "r+b") as f:
         f.seek(HEADER_SIZE + MIB + 5)
         byte = f.read(1)
@@ -172,7 +201,7 @@ def test_the_path_reader_reads_through_the_engine_and_its_checksums(tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(OSError, match=f"{files[2].name}: checksum"):
         tune.PathReader()(files, MIB, 2)
-    assert tune.PathReader(verify=False)(files, MIB, 2) > 0
+    assert tune.PathReader(verify=False)(files, MIB, 2).bytes_per_s > 0
 
 
 def test_chunk_files_skips_what_would_not_be_served(tmp_path, monkeypatch):
@@ -193,7 +222,7 @@ def test_one_slow_moment_does_not_end_the_depth_search(tmp_path):
         return _queueing(files, unit, depth) * (0.7 if depth == 10 else 1.0)
 
     (tmp_path / "a.kvc").write_bytes(b"")
-    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, dip)
+    choice = tune.choose([tmp_path / "a.kvc"], 3 * MIB, _device, _reading(dip))
     assert (choice.read_unit, choice.queue_depth) == (3 * MIB, 20)
     assert "3 MiB by readers (GB/s): 5 1.36, 10 1.22, 20 2.00, 40 2.00, 64 2.00" in "\n".join(
         choice.reasons)
