@@ -81,8 +81,8 @@ class Choice:
 
 
 class Reading(NamedTuple):
-    """One measurement of the serving path: payload bytes per second, and the CPU time the
-    process spent per GB of payload while reading it (every reader thread's, checksums too)."""
+    """One measurement of the serving path: payload bytes per second, and the CPU time spent
+    reading it per GB of payload (the reader threads', checksums included, and the submitter's)."""
 
     bytes_per_s: float
     cpu_s_per_gb: float
@@ -104,8 +104,9 @@ class PathReader:
     """Chunk files read the way the backend serves them: an ``IOEngine`` of ``depth`` reader
     threads, ``unit`` sub-reads, ``unit * depth`` bytes in flight, O_DIRECT into huge-page
     memory (LMCache's pool is collapsed to huge pages, buffers.py), each block's XXH3-64 checked
-    when ``verify``. Payload bytes per second from submit to the last chunk's end, and the
-    process's CPU time over that read per GB of payload.
+    when ``verify``. Payload bytes per second from submit to the last chunk's end, and the CPU
+    time of the reader threads and of the submitting thread per GB of payload (not the whole
+    process's: a server or a bench has other threads at work).
 
     The memory is one buffer as large as the most files read, touched when made and kept
     between measurements, so none of them pays for faulting it in.
@@ -123,8 +124,8 @@ class PathReader:
     def __call__(self, files: list[Path], unit: int, depth: int) -> Reading:
         headers = [self._header(f) for f in files]
         memory = self._buffer(sum(padded(h.payload_len) for h, _ in headers))
-        cpu_started = time.process_time()
         engine = IOEngine(depth, unit, unit * depth, odirect=self.odirect)
+        submitter_started = time.thread_time()
         try:
             chunks: list[ChunkRead] = []
             offset = 0
@@ -138,9 +139,9 @@ class PathReader:
             batch = ReadBatch(chunks)
             engine.submit(batch)
             batch.wait()
+            cpu_s = engine.cpu_s() + time.thread_time() - submitter_started
         finally:
             engine.close()
-        cpu_s = time.process_time() - cpu_started
         failed = next((c for c in chunks if c.error is not None), None)
         if failed is not None and failed.error is not None:
             raise OSError(errno.EIO, f"{failed.path}: {failed.error[0]}: {failed.error[1]}")
