@@ -330,3 +330,27 @@ def test_each_missed_target_says_why_from_the_runs_own_analysis(tmp_path):
             assert f"transfer {p50:.2f} s" in line
     report = study.write_report(tmp_path, runs, table).read_text()
     assert all(f"- {line}" in report for line in lines)
+
+
+def test_a_stray_read_of_another_thread_does_not_stretch_the_read_span(tmp_path):
+    """One block read by a thread that is not a reader (another process, a page-in), 3 s after
+    the phase's last read: the headline's busy share and read rate stay those of the read
+    path's own reads, where counting every block read would have stretched the span."""
+    run = synthetic.make_run(tmp_path / study_options.CANDIDATE, n_requests=16, seed=3,
+                             concurrency=4, phases=("cold-c4",))
+    rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 4e9})
+    describe(run)
+    io = rundir.read_table(run, "block_io")
+    stray = io[io["op"] == "R"].tail(1).astype({c: str for c in io.select_dtypes("category").columns}).assign(
+        tid=io["tid"].max() + 1000, start_ns=io["complete_ns"].max() + 3_000_000_000,
+        issue_ns=io["complete_ns"].max() + 3_000_000_000,
+        complete_ns=io["complete_ns"].max() + 3_001_000_000)
+    rundir.append_table(run, "block_io", stray)
+    outputs.analyze(run, plots=False)
+    summary = json.loads((run / "summary.json").read_text())
+    own = next(r for r in summary["read_path"] if r["phase"] == "cold-c4")
+    every = next(r for r in summary["read_bandwidth"] if r["phase"] == "cold-c4")
+    assert every["wall_s"] > own["read_span_s"] + 2.9  # the stray stretched the phase's span
+    row = study.headline({study_options.CANDIDATE: run}).iloc[0]
+    assert row["disk_busy_share"] == pytest.approx(own["busy_s"] / own["read_span_s"])
+    assert row["read_GBps"] == pytest.approx(own["busy_bytes_per_s"] / 1e9)
