@@ -13,6 +13,8 @@ Same chunk set for every path, page cache dropped before each measurement (needs
   kvscope-noverify  the same, checksums off (what verifying costs)
   kvscope-auto    ParallelDiskBackend, knobs measured at start on its files (tune auto);
                   -noverify: checksums off
+  kvscope-auto-twin  auto's knobs set by hand in a store that did not tune: auto against it
+                  tells the choice's cost from the store's and the moment's
   kvscope[U,qdD]  hand-set knobs (--sweep): auto is printed against the best of them
 
 Chunk sets: ``large`` = Qwen2.5-32B geometry (64 layers, 8 KV heads, head_dim 128, bf16, 256
@@ -53,6 +55,7 @@ SETS = {
     "small": ChunkSet("small", layers=24, kv_heads=2, head_dim=64, count=256),
 }
 SWEEP = "1MiB:32,4MiB:8,16MiB:2,16MiB:4,64MiB:2,64MiB:4"
+TUNED_KNOBS = ("read_unit", "queue_depth", "max_inflight_bytes")
 PLUGIN = {
     "storage_plugin.kvscope.module_path": "kvscope.patched_backend.parallel_disk.backend",
     "storage_plugin.kvscope.class_name": "ParallelDiskBackend",
@@ -92,32 +95,41 @@ def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any
     tuned = {"read_unit": args.read_unit, "queue_depth": args.queue_depth,
              "max_inflight_bytes": args.max_inflight}
 
-    def own(label: str) -> str:  # one directory per backend (each holds its directory's lock)
-        return os.path.join(base, label.replace("[", "-").replace("]", "").replace(",", "-"))
-
     paths = {
         "stock-serial": ({"local_disk": stock + "-1", "max_local_disk_size": 64,
                           "extra_config": {"disk_io_threads": 1}}, "LocalDiskBackend"),
         "stock": ({"local_disk": stock + "-4", "max_local_disk_size": 64}, "LocalDiskBackend"),
-        "kvscope-serial": (_kvscope(own("kvscope-serial"), mode="serial"), "kvscope"),
-        "kvscope": (_kvscope(own("kvscope"), **tuned), "kvscope"),
-        "kvscope-noverify": (_kvscope(own("kvscope-noverify"), verify_checksum=False, **tuned),
+        "kvscope-serial": (_kvscope(_own(base, "kvscope-serial"), mode="serial"), "kvscope"),
+        "kvscope": (_kvscope(_own(base, "kvscope"), **tuned), "kvscope"),
+        "kvscope-noverify": (_kvscope(_own(base, "kvscope-noverify"), verify_checksum=False, **tuned),
                              "kvscope"),
         # knobs measured at start on its own files (tune.py), beside the hand-set sweep
-        "kvscope-auto": (_kvscope(own("kvscope-auto"), tune="auto"), "kvscope"),
-        "kvscope-auto-noverify": (_kvscope(own("kvscope-auto-noverify"), tune="auto",
+        "kvscope-auto": (_kvscope(_own(base, "kvscope-auto"), tune="auto"), "kvscope"),
+        "kvscope-auto-noverify": (_kvscope(_own(base, "kvscope-auto-noverify"), tune="auto",
                                            verify_checksum=False), "kvscope"),
     }
     for pair in filter(None, args.sweep.split(",")):
         unit, depth = pair.split(":")
         label = f"kvscope[{unit},qd{depth}]"
-        paths[label] = (_kvscope(own(label), read_unit=unit, queue_depth=int(depth),
+        paths[label] = (_kvscope(_own(base, label), read_unit=unit, queue_depth=int(depth),
                                  max_inflight_bytes="1GiB"), "kvscope")
     keep = {p.strip() for p in args.paths.split(",") if p.strip()}
     if keep:
         paths = {k: v for k, v in paths.items()
                  if k in keep or k in ("stock-serial", "kvscope-auto") or k.startswith("kvscope[")}
     return paths
+
+
+def _own(base: str, label: str) -> str:
+    """A backend's own directory (each holds its directory's lock)."""
+    return os.path.join(base, label.replace("[", "-").replace("]", "").replace(",", "-"))
+
+
+def _twin(store: Store, base: str) -> tuple[str, dict[str, Any]]:
+    """Label and configuration of a store set by hand to the knobs ``store`` tuned to."""
+    label = f"{store.label}-twin"
+    knobs = store.manager.storage_backends["kvscope"].stats()
+    return label, _kvscope(_own(base, label), **{k: knobs[k] for k in TUNED_KNOBS})
 
 
 def _link_chunks(source: str, target: str) -> None:
@@ -170,6 +182,10 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
                 stores[label].fill()
             if loc == "kvscope" and written is None:
                 written = keys["extra_config"]["kvscope.path"]
+            if label == "kvscope-auto":
+                twin, twin_keys = _twin(stores[label], base)
+                _link_chunks(written, twin_keys["extra_config"]["kvscope.path"])
+                stores[twin] = Store(twin, chunk_set, twin_keys, loc)
         # As vLLM's engine core does after start-up (freeze_gc_heap): the start-up heap is left
         # out of the collector's full passes; without it the first one (~0.3 s of CPU here)
         # lands in whichever measurement it falls in.
@@ -181,8 +197,12 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
         cpu: dict[str, list[float]] = {label: [] for label in stores}  # CPU-s per GB read
         wait: dict[str, list[float]] = {label: [] for label in stores}  # waiting for a core
         raw_cpu: list[float] = []  # the ceiling reader's CPU-s per GB
+        labels = list(stores)
         for rep in range(args.reps):
-            for label, store in stores.items():
+            # each repetition starts one store later: none is always read right after the same
+            # neighbour, nor always in the same moment of the repetition
+            for label in labels[rep % len(labels):] + labels[:rep % len(labels)]:
+                store = stores[label]
                 # pair each measurement with a ceiling on the same files, alternating which
                 # goes first: the virtio host's cache then favours neither side
                 first_ceiling = rep % 2 == 0
@@ -199,7 +219,7 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
                     rate, raw = _ceiling(store.files())
                     ceiling[label].append(rate)
                     raw_cpu.append(raw)
-            print(f"  rep {rep + 1}: " + ", ".join(
+            print(f"  rep {rep + 1} (load {os.getloadavg()[0]:.1f}): " + ", ".join(
                 f"{k} {v[-1]:.2f}/{ceiling[k][-1]:.2f} ({cpu[k][-1]:.3f} CPU-s/GB)"
                 for k, v in gbps.items()), flush=True)
         knobs = {label: store.manager.storage_backends["kvscope"].stats()
@@ -251,6 +271,10 @@ def _table(chunk_set: ChunkSet, measured: dict[str, dict], concurrency: int) -> 
         best = max(hand, key=lambda r: r["x_ceiling"])
         print(f"kvscope-auto / best hand-set ({best['path']}): "
               f"{auto['x_ceiling'] / best['x_ceiling']:.3f} (x ceiling, paired medians)")
+    twin = next((r for r in rows if r["path"] == "kvscope-auto-twin"), None)
+    if auto and twin:
+        print(f"kvscope-auto / kvscope-auto-twin (the same knobs, not tuned): "
+              f"{auto['x_ceiling'] / twin['x_ceiling']:.3f}")
     return rows
 
 
