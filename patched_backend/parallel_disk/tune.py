@@ -15,14 +15,17 @@ it for its own reader), so they are measured on the chunk files themselves, O_DI
    starts, not where it ends: a read alone is served faster than the same read among many (the
    device works on only so many at once, the rest queue);
 4. each candidate unit is read at that depth, then at twice the depth while the rate still grows
-   by more than ``GROWTH`` over the depth kept (up to ``MAX_READERS``; ``PATIENCE`` doublings
-   without such a gain end it): its depth is where the rate stopped growing;
+   by more than ``GROWTH`` over the depth kept (up to ``MAX_READERS``, and no more readers than
+   the units a measurement reads: the rest would have nothing to read, so only noise would
+   rank them; ``PATIENCE`` doublings without such a gain end it): its depth is where the rate
+   stopped growing;
 5. one read is a moment: on a shared machine one configuration's rate moves 10-25 % between
    reads seconds apart, as much as the candidates differ. So the search only picks finalists:
    each unit's depth and the depth read after it (or before, when it was the last), units whose
    search came within ``FINAL_MARGIN`` of the fastest. They are read again in ``FINAL_ROUNDS``
-   rounds, in turn, each round starting one finalist later (drift slows a round's reads alike,
-   and none is always first), and ranked by the median of their rate over their round's median;
+   rounds (each read holding at least a unit per reader), in turn, each round starting one
+   finalist later (drift slows a round's reads alike, and none is always first), and ranked by
+   the median of their rate over their round's median;
 6. of the finalists within ``TOLERANCE`` of the best of that ranking, the one that spent the
    least CPU per byte wins, with its in-flight bytes. A server reads while its engine computes
    on the same cores: a reader's cycle is a cycle the prefill and the copies into the KV cache
@@ -62,7 +65,7 @@ POINT_BYTES = 512 << 20  # bytes read per measurement at depth
 ALONE_BYTES = 128 << 20  # bytes one reader reads alone per unit (its cycle time)
 FINAL_ROUNDS = 5  # the median of five stands through two reads in slow moments
 FINAL_MARGIN = 0.25  # a unit further behind the fastest in its search than one read's noise
-FINAL_BYTES = 256 << 20  # per finalist a round: half a search point, read five times
+FINAL_BYTES = 256 << 20  # per finalist a round (at least a unit per reader), read five times
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,7 @@ def choose(files: list[Path], chunk_bytes: int, device: Reader, path: PathMeasur
     for unit in units:
         alone = path(few, unit, 1).bytes_per_s
         cycle = unit / alone
-        readers = min(MAX_READERS, max(2, math.ceil(best * cycle / unit)))
+        readers = min(_most_readers(unit), max(2, math.ceil(best * cycle / unit)))
         reasons.append(
             f"{unit / mib:g} MiB: one reader alone reads and verifies one in "
             f"{cycle * 1e3:.1f} ms ({alone / 1e9:.2f} GB/s); {best / 1e9:.2f} GB/s x "
@@ -205,8 +208,8 @@ def choose(files: list[Path], chunk_bytes: int, device: Reader, path: PathMeasur
     searches = {unit: _deepen(files, unit, readers, path, best, reasons)
                 for unit, readers in candidates}
     points = _finalists(searches, reasons)
-    some = _leading(files, FINAL_BYTES)
-    readings = interleave(points, lambda unit, depth: path(some, unit, depth), FINAL_ROUNDS)
+    readings = interleave(points, lambda unit, depth: path(
+        _leading(files, max(FINAL_BYTES, unit * depth)), unit, depth), FINAL_ROUNDS)
     rounds = [{p: r.bytes_per_s for p, r in by_point.items()} for by_point in readings]
     score = scores(rounds)
     rates = {p: statistics.median(r[p] for r in rounds) for p in points}
@@ -280,8 +283,9 @@ def _deepen(files: list[Path], unit: int, readers: int, read: PathMeasure, best:
     add up). Every depth read with its rate, in order, and which of them was kept."""
     steps = [(readers, read(files, unit, readers).bytes_per_s)]
     kept, misses = 0, 0
-    while steps[-1][0] < MAX_READERS and misses < PATIENCE:
-        probe = min(MAX_READERS, 2 * steps[-1][0])
+    most = _most_readers(unit)
+    while steps[-1][0] < most and misses < PATIENCE:
+        probe = min(most, 2 * steps[-1][0])
         steps.append((probe, read(files, unit, probe).bytes_per_s))
         if steps[-1][1] > (1 + GROWTH) * steps[kept][1]:
             kept, misses = len(steps) - 1, 0
@@ -292,6 +296,13 @@ def _deepen(files: list[Path], unit: int, readers: int, read: PathMeasure, best:
                    + ", ".join(f"{d} {r / 1e9:.2f}" for d, r in steps)
                    + f"; {readers} readers, {rate / best:.0%} of the ceiling")
     return steps, kept
+
+
+def _most_readers(unit: int) -> int:
+    """Readers worth measuring for ``unit``: no more than the units a search point reads
+    (``POINT_BYTES``; at 64 MiB, 8), as beyond that the extra readers wait for work that never
+    comes and the rate differs by noise alone; never more than ``MAX_READERS``."""
+    return min(MAX_READERS, max(1, POINT_BYTES // unit))
 
 
 def chunk_files(directory: Path, limit_bytes: int = POINT_BYTES) -> tuple[list[Path], int]:

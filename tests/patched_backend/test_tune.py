@@ -166,12 +166,48 @@ def test_slow_moments_in_the_search_do_not_decide_the_choice(tmp_path):
     choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, _reading(moments))
     reasons = "\n".join(choice.reasons)
     assert "16 MiB by readers (GB/s): 3 2.00, 6 2.00, 12 2.00; 3 readers" in reasons
-    assert "64 MiB by readers (GB/s): 3 1.60, 6 1.60, 12 1.60; 3 readers, 80% of" in reasons
+    assert "64 MiB by readers (GB/s): 3 1.60, 6 1.60, 8 1.60; 3 readers, 80% of" in reasons
     assert len(deep) == 3 + 2 * tune.FINAL_ROUNDS  # the search, then 64 MiB x 3 and x 6
     assert "64 MiB x 3 2.00 (1.00, 0.126), 64 MiB x 6 2.00 (1.00, 0.126)" in reasons
     assert (choice.read_unit, choice.queue_depth) == (64 * MIB, 3)
     assert choice.reasons[-1].startswith("chosen: 64 MiB x 3 readers, 192 MiB in flight, "
                                          "2.00 GB/s, 100% of the ceiling")
+
+
+def test_no_more_readers_than_units_a_measurement_reads(tmp_path):
+    """A shared machine reads each doubling of the depth a little faster (4 %, over GROWTH), also
+    where the extra readers have nothing to read: a search point reads 512 MiB, eight 64 MiB
+    units. The search stops at eight readers for 64 MiB (it went on to 64, and the finals' tie
+    between idle readers chose 64 MiB x 64), and whatever wins holds no idle readers."""
+    def noisy(files, unit, depth):
+        return 1e9 * depth ** 0.06
+
+    (tmp_path / "a.kvc").write_bytes(b"")
+    choice = tune.choose([tmp_path / "a.kvc"], 64 * MIB, _device, _reading(noisy))
+    assert "64 MiB by readers (GB/s): 2 1.04, 4 1.09, 8 1.13; 8 readers" in "\n".join(
+        choice.reasons)
+    assert choice.read_unit * choice.queue_depth <= tune.POINT_BYTES
+
+
+def test_every_finalist_reads_a_unit_per_reader(tmp_path):
+    """The finals read 256 MiB a point, four 64 MiB units: a finalist with six readers would be
+    read as one with four. Each read holds at least a unit per reader (sparse 64 MiB chunk
+    files; the reader is the formula of the others here)."""
+    files = []
+    for i in range(12):
+        files.append(tmp_path / f"{i:02d}.kvc")
+        with open(files[-1], "wb") as f:
+            f.truncate(HEADER_SIZE + 64 * MIB)
+    reads = []
+
+    def recording(chosen, unit, depth):
+        reads.append((unit, depth, sum(f.stat().st_size - HEADER_SIZE for f in chosen)))
+        return _path(chosen, unit, depth)
+
+    choice = tune.choose(files, 64 * MIB, _device, _reading(recording))
+    assert (64 * MIB, 6, 6 * 64 * MIB) in reads  # the finalist 64 MiB x 6, six units
+    assert all(nbytes >= unit * depth for unit, depth, nbytes in reads if depth > 1), reads
+    assert (choice.read_unit, choice.queue_depth) == (64 * MIB, 3)
 
 
 def test_small_reads_that_queue_get_the_depth_where_the_rate_stops_growing(tmp_path):
