@@ -101,8 +101,8 @@ def _paths(args: argparse.Namespace, base: str) -> dict[str, tuple[dict[str, Any
         "stock": ({"local_disk": stock + "-4", "max_local_disk_size": 64}, "LocalDiskBackend"),
         "kvscope-serial": (_kvscope(_own(base, "kvscope-serial"), mode="serial"), "kvscope"),
         "kvscope": (_kvscope(_own(base, "kvscope"), **tuned), "kvscope"),
-        "kvscope-noverify": (_kvscope(_own(base, "kvscope-noverify"), verify_checksum=False, **tuned),
-                             "kvscope"),
+        "kvscope-noverify": (_kvscope(_own(base, "kvscope-noverify"), verify_checksum=False,
+                                      **tuned), "kvscope"),
         # knobs measured at start on its own files (tune.py), beside the hand-set sweep
         "kvscope-auto": (_kvscope(_own(base, "kvscope-auto"), tune="auto"), "kvscope"),
         "kvscope-auto-noverify": (_kvscope(_own(base, "kvscope-auto-noverify"), tune="auto",
@@ -182,7 +182,7 @@ def _measure_set(chunk_set: ChunkSet, args: argparse.Namespace) -> dict[str, dic
                 stores[label].fill()
             if loc == "kvscope" and written is None:
                 written = keys["extra_config"]["kvscope.path"]
-            if label == "kvscope-auto":
+            if label == "kvscope-auto" and written is not None:
                 twin, twin_keys = _twin(stores[label], base)
                 _link_chunks(written, twin_keys["extra_config"]["kvscope.path"])
                 stores[twin] = Store(twin, chunk_set, twin_keys, loc)
