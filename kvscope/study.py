@@ -197,17 +197,13 @@ def _seconds(group: dict, component: str, stat: str) -> float:
 
 def _read_rates(summary: dict, phase: str) -> tuple[float, float]:
     """(bytes/s while a read was in flight, share of the phase's read span the disk was busy),
-    from the read path's own block reads (its reader threads', analysis.readpath) where the
-    phase has them, else from every block read of the phase. Another process's few reads
-    seconds away stretch the phase's span, not the read path's: 13 of them at c=16 once made a
-    disk busy 86 % of its read span read as 38 %."""
-    own = _phase_row(summary, "read_path", phase)
-    if own.get("busy_bytes_per_s") and own.get("read_span_s"):
-        return own["busy_bytes_per_s"], own["busy_s"] / own["read_span_s"]
-    rows = [r for r in summary["read_bandwidth"] if r["phase"] == phase]
-    if not rows or not rows[0]["busy_bytes_per_s"] or not rows[0]["wall_s"]:
+    as the run's findings say them (analysis.findings.phase_reads)."""
+    from kvscope.analysis.findings import phase_reads
+
+    reads = phase_reads(summary, phase)
+    if reads is None or reads["busy_share"] is None:
         return math.nan, math.nan
-    return rows[0]["busy_bytes_per_s"], rows[0]["busy_s"] / rows[0]["wall_s"]
+    return reads["busy_bytes_per_s"], reads["busy_share"]
 
 
 def _phase_row(summary: dict, key: str, phase: str) -> dict:

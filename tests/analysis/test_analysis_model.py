@@ -80,6 +80,17 @@ def test_measured_ceiling_decides_saturation(ceiling_bytes_per_s, finding, words
     assert "device-saturated" not in found or finding == "device-saturated"
 
 
+def test_a_stray_read_of_another_thread_leaves_the_busy_share_of_the_read_paths_reads():
+    """One read by a thread that is no reader, 3 s after the read path's: the finding still says
+    the disk was busy all of the read path's span (counting it too would say 3 %)."""
+    run = _storage_heavy(8, True)
+    stray = {"tid": 99, "start_ns": 3_000_000_000, "issue_ns": 3_000_000_000,
+             "complete_ns": 3_001_000_000}
+    run.block_io = pd.concat([run.block_io, run.block_io.assign(**stray)], ignore_index=True)
+    found = {f["id"]: f["message"] for f in summarize(run, attribute(run))["findings"]}
+    assert "the disk was busy 100% of the phase's read span" in found["device-saturated"]
+
+
 def test_a_study_ceiling_overrides_the_runs_own():
     run = _storage_heavy(8, True)
     run.block_io = run.block_io.assign(bytes=1 << 20)
