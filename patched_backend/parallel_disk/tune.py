@@ -36,7 +36,7 @@ it for its own reader), so they are measured on the chunk files themselves, O_DI
 
 Every step is kept as a sentence (``Choice.reasons``) so ``kvscope tune`` can print why. The
 reads are O_DIRECT, so the page cache neither helps them nor needs dropping; a server tunes at
-start on the chunk files it found (4-8 s on the project VM), before it serves.
+start on the chunk files it found (4-11 s on the project VM), before it serves.
 """
 
 # Standard
