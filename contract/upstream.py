@@ -137,7 +137,8 @@ LMCACHE_LOGGER = Surface("lmcache.logging", "init_logger", True,
                          "the disk tier logs under LMCache's logger")
 ENGINE_STORE = Surface(_ENGINE, "LMCacheEngine.store", True, "the KV store span")
 ENGINE_RETRIEVE = Surface(_ENGINE, "LMCacheEngine.retrieve", True,
-                          "the KV load span and its transfer")
+                          "the KV load span and its transfer; the pipelined transfer's scope "
+                          "(only its gets hand chunks out before they are verified)")
 TO_DEVICE = Surface("lmcache.v1.gpu_connector.gpu_connectors",
                     "GPUConnectorInterface.batched_to_gpu", True,
                     "the transfer span (wrapped on the class of the engine's connector)")

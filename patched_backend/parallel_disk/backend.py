@@ -206,10 +206,10 @@ class ParallelDiskBackend(StoragePluginInterface):
 
     def _hands_out(self) -> bool:
         """Whether this get returns chunks still being read (handoff.py): only when asked for,
-        when a consumer in the process waits for each chunk, and when LMCache's CPU tier keeps
-        nothing (it would keep a chunk that later fails)."""
+        inside a pipelined get on this thread (a retrieve whose only copy waits for each chunk),
+        and when LMCache's CPU tier keeps nothing (it would keep a chunk that later fails)."""
         return (self.settings.pipeline_transfer and not self._cpu_tier_caches
-                and handoff.consumer_ready())
+                and handoff.hands_out_here())
 
     def batched_get_non_blocking(self, lookup_id: str, keys: list[Hashable],
                                  transfer_spec: Any = None) -> Awaitable[list[Any]]:

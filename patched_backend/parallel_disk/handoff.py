@@ -4,12 +4,16 @@
 Why: LMCache's retrieve reads all of a request's chunks (``batched_get_blocking``) and only
 then copies them into the KV cache (the connector's ``batched_to_gpu``), so the copy of the
 first chunk waits for the last read and a request's load ends one whole copy after its last
-byte arrived. When a consumer that waits chunk by chunk is installed in the process
-(``pipelined_connector.py``, wrapping the CPU connector or LMCache's CUDA one), the get hands
-its memory objects out at once and each chunk is copied as soon as its own reads are verified,
-while the later ones are still being read.
+byte arrived. Inside a pipelined get (``pipelined_get``: a retrieve whose only copy of the got
+chunks is the one ``pipelined_connector.py`` makes, chunk by chunk), the get hands its memory
+objects out at once and each chunk is copied as soon as its own reads are verified, while the
+later ones are still being read.
 
 What stays true:
+
+* only a get inside a pipelined get, on that thread, hands anything out; every other get (a
+  retrieve of an engine that copies chunks itself, such as LMCache's MLA broadcast, a move, a
+  compression, a peer's or a layerwise get) verifies every chunk before it returns;
 
 * a chunk is copied only once every byte of it is verified; one that fails after it was handed
   out (checksum, I/O error, timeout) is not copied, nor is any chunk after it (LMCache serves a
@@ -23,40 +27,66 @@ What stays true:
 """
 
 # Standard
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+import logging
 import threading
 import time
 
 # First Party
 from kvscope.patched_backend.parallel_disk.reads import ReadPath, Slot, release_when_done
 
+logger = logging.getLogger(__name__)
 Error = tuple[str, str]
 # Reports the tokens [start, end) of a retrieve as not loaded; returns False when it cannot.
 LoadErrorSink = Callable[[dict[str, Any], int, int], bool]
 
 _lock = threading.Lock()
 _handed: dict[int, tuple["Handoff", Slot]] = {}  # id(memory object) -> its handoff
-_consumer: list[Callable[[], bool]] = []  # says whether the installed consumer can report
+_local = threading.local()  # .scope: the pipelined get this thread is in, if any
 
 
-def install_consumer(ready: Callable[[], bool]) -> None:
-    """A consumer that waits per chunk exists in this process; ``ready()`` says whether it can
-    report a late failure right now (until then every get blocks as before)."""
-    with _lock:
-        _consumer[:] = [ready]
+class _Scope:
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        self.ready = ready
+        self.handoffs: list[Handoff] = []
 
 
-def uninstall_consumer() -> None:
-    """No consumer any more: gets block until their chunks are read (tests)."""
-    with _lock:
-        _consumer.clear()
+@contextmanager
+def pipelined_get(ready: Callable[[], bool]) -> Iterator[None]:
+    """Gets on this thread, inside the block, may hand chunks out.
+
+    The caller promises that the chunks are copied only by a consumer that waits for each one
+    (``take`` and ``Handoff.wait``); ``ready()`` says whether a late failure can be reported
+    right now (until then gets block as before). On the way out every handoff of the block is
+    settled, taken or not, so an engine that raised before its copy leaks no pin or reference.
+    """
+    scope = _Scope(ready)
+    outer, _local.scope = getattr(_local, "scope", None), scope
+    try:
+        yield
+    except BaseException:
+        _settle_untaken(scope)
+        raise
+    finally:
+        _local.scope = outer
+    if _settle_untaken(scope):
+        logger.error("kvscope: chunks handed out in a pipelined get were never taken by its "
+                     "connector; LMCache copied them some other way")
 
 
-def consumer_ready() -> bool:
-    """True when handed-out chunks would be waited for, and a late failure reported."""
-    with _lock:
-        ready = _consumer[0] if _consumer else None
-    return ready is not None and ready()
+def _settle_untaken(scope: _Scope) -> int:
+    """Settle the handoffs no consumer finished; how many there were."""
+    untaken = [h for h in scope.handoffs if not h.finished]
+    for h in untaken:
+        h.finish()
+    return len(untaken)
+
+
+def hands_out_here() -> bool:
+    """Whether a get on this thread may hand its chunks out (inside a ready pipelined get)."""
+    scope: Optional[_Scope] = getattr(_local, "scope", None)
+    return scope is not None and scope.ready()
 
 
 class Handoff:
@@ -68,6 +98,10 @@ class Handoff:
         self._reads, self._slots, self._handed = reads, slots, handed
         self._deadline, self._timeout_s, self._on_finish = deadline, timeout_s, on_finish
         self._finished = False
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
 
     def wait(self, slot: Slot) -> Optional[Error]:
         """Block until ``slot``'s chunk is read and verified (or the get's deadline); its error."""
@@ -101,6 +135,9 @@ def hand_out(reads: ReadPath, slots: list[Optional[Slot]], deadline: float, time
             break
         handed += 1
     handoff = Handoff(reads, slots, handed, deadline, timeout_s, on_finish)
+    scope: Optional[_Scope] = getattr(_local, "scope", None)
+    if scope is not None:
+        scope.handoffs.append(handoff)
     results: list[Optional[Any]] = [None] * len(slots)
     with _lock:
         for i, slot in enumerate(slots[:handed]):

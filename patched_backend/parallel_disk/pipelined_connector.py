@@ -2,7 +2,11 @@
 """A KV connector wrapper that copies each chunk as soon as its own reads are verified.
 
 LMCache's retrieve calls ``batched_to_gpu(memory_objs, starts, ends, **kwargs)`` once per
-request, after the storage get. When the kvscope tier handed its chunks out still being read
+request, after the storage get. An engine whose connector is this wrapper runs its retrieve as
+a pipelined get (``handoff.pipelined_get``, through a wrapper on ``LMCacheEngine.retrieve``),
+unless LMCache copies got chunks itself there (``lmcache_config.copies_outside_connector``, and
+the engine's own ``save_only_first_rank``): then its gets verify before they return, as any get
+outside a pipelined one does. When the kvscope tier handed its chunks out still being read
 (handoff.py), this wrapper walks them in order: wait for chunk i, copy chunk i through the
 wrapped connector (vLLM-CPU's block copy, or LMCache's CUDA connector: an H2D copy), so the copy
 of chunk i overlaps the reads of chunks i+1.., and the request's load ends about when its last
@@ -21,11 +25,17 @@ the transfer without the waits in between (tracer/worker.py).
 
 # Standard
 from typing import Any, Callable, Optional, Sequence
+import importlib
 import logging
+import operator
 import time
 
+# Third Party
+import wrapt
+
 # First Party
-from kvscope.patched_backend.parallel_disk import handoff
+from kvscope.contract import upstream
+from kvscope.patched_backend.parallel_disk import handoff, lmcache_config
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +47,9 @@ class PipelinedConnector:
                  sink_ready: Optional[Callable[[], bool]] = None) -> None:
         self.inner = inner
         self._sink = sink
+        self.sink_ready = sink_ready or (lambda: True)
         self.copies: list[tuple[int, int, int]] = []
-        handoff.install_consumer(sink_ready or (lambda: True))
+        _pipeline_retrieves()
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (a copy being made): no recursion
@@ -73,3 +84,33 @@ class PipelinedConnector:
             logger.error("kvscope: tokens %d-%d failed to load and could not be reported to "
                          "the engine; they hold stale KV", starts[failed_at], ends[-1])
         return None
+
+
+def _pipeline_retrieves() -> None:
+    """Wrap ``LMCacheEngine.retrieve`` once in this process (a no-op for other engines)."""
+    surface = upstream.ENGINE_RETRIEVE
+    owner = operator.attrgetter(surface.owner)(importlib.import_module(surface.module))
+    method = getattr(owner, surface.name)
+    while isinstance(method, wrapt.FunctionWrapper):  # the tracer may have wrapped it too
+        if method._self_wrapper is _pipelined_retrieve:
+            return
+        method = method.__wrapped__
+    wrapt.wrap_function_wrapper(surface.module, surface.path, _pipelined_retrieve)
+
+
+def _pipelined_retrieve(wrapped: Callable[..., Any], engine: Any, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:
+    connector = getattr(engine, "gpu_connector", None)
+    if not isinstance(connector, PipelinedConnector) or _copies_outside(engine):
+        return wrapped(*args, **kwargs)
+    with handoff.pipelined_get(connector.sink_ready):
+        return wrapped(*args, **kwargs)
+
+
+def _copies_outside(engine: Any) -> bool:
+    """The engine's own switch first (missing, as in a version that renamed it: assume it
+    copies), then the reasons its config and model give."""
+    return (bool(getattr(engine, "save_only_first_rank", True))
+            or lmcache_config.copies_outside_connector(getattr(engine, "config", None),
+                                                       getattr(engine, "metadata", None))
+            is not None)

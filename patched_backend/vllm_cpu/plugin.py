@@ -69,7 +69,8 @@ def _create_connector(wrapped: Callable[..., Any], instance: Any, args: tuple[An
 
         logger.info("LMCache has no vLLM connector for CPU; using kvscope's CPU KV connector")
         connector = CPUPagedKVConnector.from_metadata(_metadata_argument(*args, **kwargs))
-    return _pipelined(connector, _config_argument(*args, **kwargs))
+    return _pipelined(connector, _config_argument(*args, **kwargs),
+                      _metadata_argument(*args, **kwargs))
 
 
 def _config_argument(config: Any, *args: Any, **kwargs: Any) -> Any:
@@ -89,13 +90,15 @@ def _lmcache_lacks_vllm_connector(engine: Any) -> bool:
             and upstream.DEVICE_TYPE.resolve() == "cpu")
 
 
-def _pipelined(connector: Any, config: Any) -> Any:
-    """`connector` wrapped in the pipelined transfer when a kvscope tier asks for it."""
+def _pipelined(connector: Any, config: Any, metadata: Any) -> Any:
+    """`connector` wrapped in the pipelined transfer when a kvscope tier asks for it and the
+    engine copies got chunks only through its connector (not for MLA models: LMCache copies
+    their chunks itself, lmcache_config.copies_outside_connector)."""
     from kvscope.patched_backend.parallel_disk import lmcache_config
     from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector
     from kvscope.patched_backend.vllm_cpu import load_errors
 
-    if connector is None or not lmcache_config.pipelines_transfer(config):
+    if connector is None or not lmcache_config.pipelines_transfer(config, metadata):
         return connector
     load_errors.install()
     logger.info("kvscope: KV chunks are copied as soon as each one is read (pipeline_transfer)")

@@ -8,6 +8,7 @@ a chunk fails after it was handed out. vLLM's failed-block list is a recording s
 """
 
 # Standard
+import logging
 import os
 import uuid
 
@@ -55,7 +56,6 @@ def engine_factory(tmp_path):
         return engine, connector
 
     yield make
-    handoff.uninstall_consumer()
     for name in names:
         LMCacheEngineBuilder.destroy(name)
 
@@ -133,8 +133,61 @@ def test_without_a_consumer_the_get_waits_for_every_chunk(engine_factory, events
     tokens = torch.arange(CHUNKS * CHUNK)
     source = _source(len(tokens))
     _stored(engine_factory, tokens, source)
-    handoff.uninstall_consumer()
     engine, connector = engine_factory(None, **SLOW)
     target = torch.zeros_like(source)
     assert int(engine.retrieve(tokens, kvbuf=target).sum()) == len(tokens)
     assert torch.equal(target, source)
+
+
+def _corrupt(path: str) -> None:
+    with open(path, "r+b") as f:  # one payload byte flipped: the chunk's XXH3 fails
+        f.seek(HEADER_SIZE + 4321)
+        byte = f.read(1)
+        f.seek(HEADER_SIZE + 4321)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _keys(engine, tokens):
+    return [key for _, _, key in engine.token_database.process_tokens(tokens)]
+
+
+def test_a_get_outside_a_pipelined_retrieve_verifies_before_it_returns(engine_factory, tmp_path):
+    """LMCache's move, compression, P2P and layerwise paths get chunks outside a retrieve and
+    use their bytes at once: even with a pipelined engine in the process, they get only
+    verified chunks (a prefix), never ones still being read."""
+    tokens = torch.arange(CHUNKS * CHUNK)
+    source = _source(len(tokens))
+    names = _stored(engine_factory, tokens, source)
+    _corrupt(os.path.join(str(tmp_path / "kv"), names[2]))
+    engine, _ = engine_factory(_Sink(), **SLOW)
+    objs = engine.storage_manager.batched_get(_keys(engine, tokens), location="kvscope")
+    assert objs[2:] == [None, None]
+    for i, obj in enumerate(objs[:2]):
+        assert torch.equal(obj.tensor, source[:, :, i * CHUNK:(i + 1) * CHUNK])
+        obj.ref_count_down()
+
+
+def test_chunks_handed_out_but_never_taken_are_settled_when_the_pipelined_get_ends(
+        engine_factory, tmp_path, caplog):
+    """A retrieve that never reaches its connector (it raised, or a later LMCache copied the
+    chunks another way) leaves no pin, reference or read behind, and says so."""
+    tokens = torch.arange(CHUNKS * CHUNK)
+    source = _source(len(tokens))
+    _stored(engine_factory, tokens, source)
+    engine, _ = engine_factory(_Sink(), **SLOW)
+    backend = engine.storage_manager.storage_backends["kvscope"]
+    pool = backend.local_cpu_backend.memory_allocator.pin_allocator
+    used_before = pool.total_allocated_size
+    # the backend's package logs through LMCache's handler only; listen on the module itself
+    logging.getLogger(handoff.__name__).addHandler(caplog.handler)
+    try:
+        with handoff.pipelined_get(lambda: True):
+            objs = backend.batched_get_blocking(_keys(engine, tokens))
+            assert handoff.take(objs[0]) is not None  # handed out while being read
+    finally:
+        logging.getLogger(handoff.__name__).removeHandler(caplog.handler)
+    for obj in objs:
+        obj.ref_count_down()  # what LMCache does after its copy
+    assert pool.total_allocated_size == used_before
+    assert backend.stats()["read_hits"] == CHUNKS
+    assert "never taken by its connector" in caplog.text
