@@ -1,7 +1,7 @@
 """Dashboard render benchmark and screenshot tool, in real headless Chromium.
 
   python bench/dashboard_render.py                      # 10k-request synthetic run: timings
-  python bench/dashboard_render.py --baseline 312df7d   # ... side by side with that revision
+  python bench/dashboard_render.py --baseline 069fcfe   # ... side by side with that revision
   python bench/dashboard_render.py --requests 2000      # a smaller synthetic run
   python bench/dashboard_render.py --screenshot docs/img/dashboard.png runs/serial runs/parallel
   python bench/dashboard_render.py --screenshot out.png --tab Throughput runs/serial runs/parallel
@@ -13,8 +13,9 @@ that compare runs (a click until its graphs have drawn: the browser draws only t
 and a click on a request (pointer already over it, hover settled: click until the waterfall
 shows the clicked request, seen from webdriver and in the page), next to the server's part
 called in-process. With --baseline REV the same page measurements run on
-`kvscope dashboard` of that revision (from `git archive`, in its own server and browser),
-alternating with this tree's, so both see the same machine load; the synthetic run is then
+`kvscope dashboard` of that revision (from `git archive`, in its own server and browser; a
+revision with the kvscope/<room> links, ddf5cf3 or later), alternating with this tree's, so
+both see the same machine load; the synthetic run is then
 written by that revision's generator, so both read it as the baseline wrote it; and both trees'
 app load from the analysis outputs runs in a fresh interpreter each, alternating.
 """
@@ -30,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,13 +128,6 @@ def extract(rev: str, root: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    # Rooms that install under kvscope.* from top-level folders (pyproject's package-dir) are
-    # linked into its kvscope/, or the editable install would import this checkout's instead.
-    setuptools = tomllib.loads((tree / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
-    for package, folder in setuptools.get("package-dir", {}).items():
-        room = package.removeprefix("kvscope.")
-        if "." not in room and room != package and (tree / folder).is_dir():
-            (tree / "kvscope" / room).symlink_to(tree / folder, target_is_directory=True)
     return tree
 
 
@@ -237,11 +230,8 @@ def screenshot(driver, url: str, out: Path, width: int, tab: str | None) -> None
 # schema); this tree reads that run too (older schemas stay readable) and analyses its copy.
 GENERATE = """
 import sys
-try:
-    from kvscope.analysis import outputs
-    from kvscope.testkit import synthetic
-except ImportError:  # a revision from before the kvscope namespace
-    from analysis import outputs, synthetic
+from kvscope.analysis import outputs
+from kvscope.testkit import synthetic
 run = synthetic.make_run(sys.argv[1], n_requests=int(sys.argv[2]), seed=7, concurrency=8)
 outputs.analyze(run, plots=False)
 """

@@ -40,8 +40,8 @@ def _roundtrip(model_dir: Path, tmp_path: Path, tokens: int, profile: str,
     return json.loads(lines[-1][len("RESULT "):])
 
 
-# The serial mode's reads are bit-exact in tests/backend/test_backend_engine.py (a real LMCache
-# engine, both modes) and read every chunk cold live in tests/workload/test_study.py.
+# The serial mode's reads are bit-exact in tests/patched_backend/test_backend_engine.py (a real LMCache
+# engine, both modes) and read every chunk cold live in tests/kvscope/test_study.py.
 @pytest.mark.parametrize(("twin", "profile"), [
     ("qwen2.5-32b", "stock"),  # LMCache's own disk tier: the reference, the demo's geometry
     ("qwen2.5-32b", "kvscope"),  # the parallel-read backend
