@@ -11,10 +11,12 @@ merges every run's measurements per device (`best_of`) so all its runs share one
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import mmap
 import os
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -77,36 +79,55 @@ def huge_buffer(nbytes: int) -> memoryview:
 
 def read_files(files: list[Path], unit: int = DEFAULT_UNIT, depth: int = DEFAULT_DEPTH,
                when: str = "") -> Ceiling:
-    """Read every file once with `depth` O_DIRECT readers; sizes must be 4 KiB multiples."""
-    work = deque(
-        (path, offset, min(unit, size - offset))
-        for path in files for size in [path.stat().st_size] for offset in range(0, size, unit)
-    )
-    total = sum(n for _, _, n in work)
-    lock = threading.Lock()
-    fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECT) for path in files}
+    """Read every file once with `depth` O_DIRECT readers; sizes must be 4 KiB multiples.
 
-    def reader(view: memoryview) -> None:
-        while True:
-            with lock:
-                if not work:
-                    return
-                path, offset, n = work.popleft()
-            os.preadv(fds[path], [view[:n]], offset)
-
-    threads = [threading.Thread(target=reader, args=(huge_buffer(unit),)) for _ in range(depth)]
-    started = time.perf_counter()
+    Raises:
+        OSError: a file is a link (ELOOP) or no regular file (`open_direct`), or unreadable.
+    """
+    fds: dict[Path, int] = {}
     try:
+        for path in files:
+            fds[path] = open_direct(path)
+        work = deque((path, offset, min(unit, size - offset))
+                     for path, fd in fds.items() for size in [os.fstat(fd).st_size]
+                     for offset in range(0, size, unit))
+        total = sum(n for _, _, n in work)
+        lock = threading.Lock()
+
+        def reader(view: memoryview) -> None:
+            while True:
+                with lock:
+                    if not work:
+                        return
+                    path, offset, n = work.popleft()
+                os.preadv(fds[path], [view[:n]], offset)
+
+        threads = [threading.Thread(target=reader, args=(huge_buffer(unit),))
+                   for _ in range(depth)]
+        started = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        seconds = time.perf_counter() - started
     finally:
         for fd in fds.values():
             os.close(fd)
-    seconds = time.perf_counter() - started
     return Ceiling(total / seconds if seconds else 0.0, total, seconds, len(files), unit, depth,
                    when=when)
+
+
+def open_direct(path: Path) -> int:
+    """`path` open for O_DIRECT reads, if it is a regular file. Never through a link
+    (O_NOFOLLOW: OSError ELOOP); opened non-blocking, so a FIFO's open does not wait for a
+    writer, and anything but a regular file is refused (OSError EINVAL) before a read."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file; the ceiling reads chunk files only",
+                      str(path))
+    os.set_blocking(fd, True)
+    return fd
 
 
 @contextmanager
@@ -176,7 +197,7 @@ def fio_read(files: list[Path], unit: int = DEFAULT_UNIT, depth: int = DEFAULT_D
 
 def chunk_files(kv_dir: Path, limit_bytes: int) -> list[Path]:
     """The largest 4 KiB-aligned files under kv_dir, up to limit_bytes in all."""
-    files = sorted((p for p in Path(kv_dir).rglob("*") if p.is_file()),
+    files = sorted((p for p in Path(kv_dir).rglob("*") if p.is_file() and not p.is_symlink()),
                    key=lambda p: p.stat().st_size, reverse=True)
     chosen, total = [], 0
     for path in files:

@@ -8,7 +8,8 @@ Anyone who can reach the address can send to it (OTLP has no authentication), an
 record` often runs as root, so what it accepts is bounded: the port is bound before the run
 directory exists (a busy port is one line, and a retry finds no half-made run), SO_REUSEPORT is
 off (no other process shares the port unnoticed), one request is converted at a time, a request
-over MAX_MESSAGE_BYTES or MAX_ITEMS spans, events, links and attributes is refused before it is
+over MAX_MESSAGE_BYTES, over MAX_ITEMS elements (spans, events, links, attributes and the items
+of values at any depth) or with values nested over MAX_VALUE_DEPTH deep is refused before it is
 converted, and past `Limits` (bytes written, files) every request is refused.
 """
 
@@ -23,16 +24,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
 
 from kvscope.contract import files, otlp_json
 
 # gRPC's own default, set explicitly: the tracer's batches (512 spans) are far smaller.
 MAX_MESSAGE_BYTES = 4 << 20
-# Spans, events, links and attributes in one request: a batch of 512 spans of ~40 attributes
-# is ~20k. 4 MiB of empty attributes is ~700k, which took 500 MB and 16 s to convert.
+# Elements of one request: spans, events, links, attributes and every other element of a
+# repeated field, the items of array and key-value list values at any depth included. A batch
+# of 512 spans of ~40 attributes is ~20k. 4 MiB of empty attributes is ~700k, which took 500 MB
+# and 16 s to convert; one attribute of a 1M-item array (2 MB), 130-470 MB.
 MAX_ITEMS = 100_000
+# Arrays and key-value lists nested in one value: attributes are scalars or arrays of them, and
+# a structured one (a gen_ai message with its parts and a tool call's arguments) a few levels.
+MAX_VALUE_DEPTH = 16
 MAX_QUEUED_REQUESTS = 16  # beyond: RESOURCE_EXHAUSTED, which OTLP exporters retry
+_NESTING = frozenset({common_pb2.ArrayValue.DESCRIPTOR.full_name,
+                      common_pb2.KeyValueList.DESCRIPTOR.full_name})
 
 
 @dataclass(frozen=True)
@@ -43,21 +53,33 @@ class Limits:
     max_files: int = 1_000_000
 
 
-def items(request: trace_service_pb2.ExportTraceServiceRequest) -> int:
-    """Spans, events, links and attributes in `request` (counted without converting it; spans
-    first, so a request of millions of empty spans is measured in as many steps as it has
-    span lists)."""
-    scope_spans = [ss for rs in request.resource_spans for ss in rs.scope_spans]
-    count = sum(len(ss.spans) for ss in scope_spans)
-    if count > MAX_ITEMS:
-        return count
-    for rs in request.resource_spans:
-        count += len(rs.resource.attributes)
-    for ss in scope_spans:
-        for span in ss.spans:
-            count += len(span.attributes) + len(span.events) + len(span.links)
-            count += sum(len(e.attributes) for e in span.events)
-    return count
+def over_caps(request: Message) -> str | None:
+    """Why `request` is too large to convert, or None: more than MAX_ITEMS elements of repeated
+    fields anywhere in it, or a value nested more than MAX_VALUE_DEPTH arrays or key-value
+    lists deep. Found by walking the parsed message, not converting it, every field alike (so
+    scope and link attributes and nested values count as span attributes do), and a repeated
+    field's length is counted before any of its elements is visited: the walk visits at most
+    MAX_ITEMS messages, and a 1M-item array is refused on its length alone."""
+    count = 0
+    stack: list[tuple[Message, int]] = [(request, 0)]
+    while stack:
+        message, depth = stack.pop()
+        for field, value in message.ListFields():
+            if field.message_type is None:
+                continue
+            nested = depth + (field.message_type.full_name in _NESTING)
+            if nested > MAX_VALUE_DEPTH:
+                return (f"a value nested more than {MAX_VALUE_DEPTH} arrays or key-value lists "
+                        "deep")
+            if not field.is_repeated:
+                stack.append((value, nested))
+                continue
+            count += len(value)
+            if count > MAX_ITEMS:
+                return (f"a request of more than {MAX_ITEMS} spans, events, links, attributes "
+                        "and items of values")
+            stack.extend((item, nested) for item in value)
+    return None
 
 
 class SpanFileReceiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -97,9 +119,7 @@ class SpanFileReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         with self._lock:
             if self.files_written >= self.limits.max_files:
                 return f"file limit reached ({self.limits.max_files} requests received)"
-        if items(request) > MAX_ITEMS:
-            return f"a request of more than {MAX_ITEMS} spans, events, links and attributes"
-        return None
+        return over_caps(request)
 
 
 class OtlpListener:

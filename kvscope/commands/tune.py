@@ -6,6 +6,10 @@ itself (reader threads, checksums on, as a server is configured by default): one
 Little's law for the readers that must be in flight, each candidate checked at its depth, the
 finalists read again in turns and ranked by their medians, and of those within 5 % of the best
 the one whose readers spent the least CPU per GB chosen.
+
+The directory must pass the checks the backend makes of its own at start-up (dirsafety.py:
+the serving user's, private, under trusted parents), so nobody else could have planted the
+files it reads; a chunk whose header claims more than a chunk may hold is refused by name.
 """
 
 from __future__ import annotations
@@ -26,9 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kvscope.patched_backend.parallel_disk import tune
+    from kvscope.patched_backend.parallel_disk import dirsafety, tune
 
-    files, chunk_bytes = tune.chunk_files(Path(args.kv_dir))
+    try:
+        dirsafety.check_private_dir(args.kv_dir, "--kv-dir")
+        files, chunk_bytes = tune.chunk_files(Path(args.kv_dir))
+    except (dirsafety.UnsafeDirectory, tune.UnfitChunk) as exc:
+        print(f"kvscope tune: {exc}", file=sys.stderr)
+        return 2
     if not files:
         print(f"kvscope tune: {args.kv_dir} holds under {tune.MIN_BYTES >> 20} MiB of chunk "
               "files (*.kvc); run a warm phase into it first (kvscope run --phases warm "

@@ -297,13 +297,18 @@ class ParallelDiskBackend(StoragePluginInterface):
 
 def _tuned(settings: DiskConfig) -> DiskConfig:
     """``settings`` with the read knobs measured on this directory's chunk files (tune.py);
-    unchanged, and said so, when there are too few to measure or the measurement fails (a file
-    system without O_DIRECT, a file removed meanwhile): the tier serves with the knobs as set."""
+    unchanged, and said so, when there are too few to measure, a chunk claims more than tune
+    reads (``tune.UnfitChunk``), or the measurement fails (a file system without O_DIRECT, a
+    file removed meanwhile): the tier serves with the knobs as set."""
     from pathlib import Path
 
     from kvscope.patched_backend.parallel_disk import tune
 
-    files, chunk_bytes = tune.chunk_files(Path(settings.path))
+    try:
+        files, chunk_bytes = tune.chunk_files(Path(settings.path))
+    except tune.UnfitChunk as exc:
+        logger.warning("kvscope disk: tune auto: %s; knobs as set", exc)
+        return settings
     if not files:
         logger.info("kvscope disk: tune auto: under %d MiB of chunks on disk, nothing to "
                     "measure; knobs as set", tune.MIN_BYTES >> 20)

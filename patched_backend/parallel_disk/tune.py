@@ -51,7 +51,7 @@ import time
 # First Party
 from kvscope.capture import ceiling
 from kvscope.patched_backend.parallel_disk.chunkfile import (
-    HEADER_SIZE, ChunkHeader, CorruptChunk, hash64, padded, read_header)
+    HEADER_SIZE, ChunkHeader, CorruptChunk, file_size_for, hash64, padded, read_header)
 from kvscope.patched_backend.parallel_disk.io_engine import ChunkRead, Identity, IOEngine, ReadBatch
 
 UNITS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -66,6 +66,10 @@ ALONE_BYTES = 128 << 20  # bytes one reader reads alone per unit (its cycle time
 FINAL_ROUNDS = 5  # the median of five stands through two reads in slow moments
 FINAL_MARGIN = 0.25  # a unit further behind the fastest in its search than one read's noise
 FINAL_BYTES = 256 << 20  # per finalist a round (at least a unit per reader), read five times
+# The largest payload a chunk file may claim: the reader allocates and touches what headers say
+# (a file of ~POINT_BYTES and the largest chunk at most). The largest model's 256-token chunk is
+# ~130 MiB (Llama 3.1 405B, bf16); a planted header claiming 6 GiB cost 6 GiB of memory.
+MAX_CHUNK_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -308,7 +312,11 @@ def _most_readers(unit: int) -> int:
 def chunk_files(directory: Path, limit_bytes: int = POINT_BYTES) -> tuple[list[Path], int]:
     """Chunk files of ``directory`` to measure on, the largest first, about ``limit_bytes``, and
     the largest one's padded payload; ([], 0) when they hold under MIN_BYTES. Only files whose
-    header reads: a damaged chunk or one of another format is not served, so not measured."""
+    header reads: a damaged chunk or one of another format is not served, so not measured.
+
+    Raises:
+        UnfitChunk: a chunk that would be measured claims more than it may (``_readable``).
+    """
     files = [f for f in sorted(Path(directory).glob("*.kvc"), key=lambda f: -f.stat().st_size)
              if f.is_file() and not f.is_symlink()]
     chosen, total = [], 0
@@ -323,12 +331,29 @@ def chunk_files(directory: Path, limit_bytes: int = POINT_BYTES) -> tuple[list[P
     return chosen, chosen[0].stat().st_size - HEADER_SIZE
 
 
+class UnfitChunk(ValueError):
+    """A chunk file whose header claims more payload than ``MAX_CHUNK_BYTES``: one line naming
+    the file."""
+
+
 def _readable(path: Path) -> bool:
+    """Whether ``path`` is a chunk the backend would serve as far as its header and size say:
+    a damaged one, or one whose size is not its header's (the start-up scan's "truncated"),
+    is not served, so not measured (and the raw reader reads files by their size).
+
+    Raises:
+        UnfitChunk: the header claims a payload over ``MAX_CHUNK_BYTES``, which the serving
+            path's buffer would have to hold.
+    """
     try:
-        read_header(str(path))
+        header, st = read_header(str(path))
     except (CorruptChunk, OSError):
         return False
-    return True
+    if header.payload_len > MAX_CHUNK_BYTES:
+        raise UnfitChunk(f"{path}: its header claims a payload of {header.payload_len} bytes, "
+                         f"over the {MAX_CHUNK_BYTES >> 20} MiB a chunk may hold; nothing was "
+                         "read: move it out of the directory")
+    return st.st_size == file_size_for(header.payload_len)
 
 
 def _leading(files: list[Path], limit_bytes: int) -> list[Path]:

@@ -16,7 +16,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import pytest
@@ -229,6 +229,78 @@ def test_the_otlp_receiver_is_bounded(tmp_path):
         assert _export(listener.port, _request()) == grpc.StatusCode.RESOURCE_EXHAUSTED  # files
     assert len(list((tmp_path / "spans").glob("*.json"))) == 2 == receiver.files_written
     assert receiver.bytes_written <= limits.max_bytes
+
+
+MILLION = 1_000_000  # empty items: 2 bytes each on the wire, well under 4 MiB in all
+# Where an attribute may sit in a request, each a list of key-values to add one to.
+PLACES: dict[str, Callable[[trace_service_pb2.ExportTraceServiceRequest], Any]] = {
+    "resource": lambda r: r.resource_spans[0].resource.attributes,
+    "scope": lambda r: r.resource_spans[0].scope_spans[0].scope.attributes,
+    "span": lambda r: r.resource_spans[0].scope_spans[0].spans[0].attributes,
+    "event": lambda r: r.resource_spans[0].scope_spans[0].spans[0].events.add().attributes,
+    "link": lambda r: r.resource_spans[0].scope_spans[0].spans[0].links.add(
+        trace_id=b"\3" * 16, span_id=b"\4" * 8).attributes,
+}
+
+
+def _array(value: common_pb2.AnyValue, items: int) -> common_pb2.AnyValue:
+    value.array_value.values.extend([common_pb2.AnyValue()] * items)
+    return value
+
+
+def _kvlist(value: common_pb2.AnyValue, items: int) -> common_pb2.AnyValue:
+    value.kvlist_value.values.extend([common_pb2.KeyValue()] * items)
+    return value
+
+
+def _nest(value: common_pb2.AnyValue, levels: int) -> common_pb2.AnyValue:
+    """The value `levels` arrays and key-value lists deep, alternately, inside `value`."""
+    for level in range(levels):
+        value = (value.array_value.values.add() if level % 2 else
+                 value.kvlist_value.values.add(key="k").value)
+    return value
+
+
+def _with_value(place: str, fill: Callable[[common_pb2.AnyValue], object]
+                ) -> trace_service_pb2.ExportTraceServiceRequest:
+    request = _request()
+    fill(PLACES[place](request).add(key="k").value)
+    return request
+
+
+@pytest.mark.parametrize(("place", "fill", "why"), [
+    pytest.param("span", lambda v: _array(_nest(v, 1), MILLION), "items", id="array-in-span"),
+    pytest.param("resource", lambda v: _kvlist(_nest(v, 2), MILLION), "items",
+                 id="kvlist-in-resource"),
+    pytest.param("scope", lambda v: _array(v, MILLION), "items", id="array-in-scope"),
+    pytest.param("event", lambda v: _kvlist(_nest(v, 3), MILLION), "items",
+                 id="kvlist-in-event"),
+    pytest.param("link", lambda v: _nest(v, 30).SetInParent(), "deep", id="deep-in-link"),
+])
+def test_a_value_too_large_or_too_deep_is_refused_before_conversion_wherever_it_is(
+        tmp_path, place, fill, why):
+    """Before: only the attributes of resources, spans and events were counted, not what their
+    values held, nor scope and link attributes: one attribute of a 1M-item array (4 MB) cost
+    380-470 MB to convert and write."""
+    with otlp_receiver.OtlpListener("127.0.0.1:0") as listener:
+        receiver = listener.start(tmp_path / "spans")
+        assert _export(listener.port, _with_value(place, fill)) \
+            == grpc.StatusCode.RESOURCE_EXHAUSTED
+    (reason,) = receiver.refused
+    assert ("items of values" if why == "items" else
+            f"nested more than {otlp_receiver.MAX_VALUE_DEPTH} arrays") in reason
+    assert list((tmp_path / "spans").iterdir()) == [] and receiver.files_written == 0
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_a_nested_value_within_the_caps_is_received(tmp_path, place):
+    def fill(value: common_pb2.AnyValue) -> None:
+        _array(_nest(value, otlp_receiver.MAX_VALUE_DEPTH - 1), 1000)
+
+    with otlp_receiver.OtlpListener("127.0.0.1:0") as listener:
+        receiver = listener.start(tmp_path / "spans")
+        assert _export(listener.port, _with_value(place, fill)) == grpc.StatusCode.OK
+    assert receiver.files_written == 1 and not receiver.refused
 
 
 def test_a_receiver_on_every_address_is_warned_about(tmp_path):

@@ -17,10 +17,10 @@ import random
 import pytest
 
 # First Party
-from kvscope.patched_backend.parallel_disk import tune
+from kvscope.patched_backend.parallel_disk import backend, tune
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE
 from kvscope.patched_backend.parallel_disk.config import from_extra_config
-from kvscope.testkit.chunk_files import write_chunks
+from kvscope.testkit.chunk_files import write_chunks, write_hollow_chunk
 
 MIB = 1 << 20
 CEILING, LATENCY, BANDWIDTH, VERIFY = 2e9, 0.002, 1e9, 8e9
@@ -242,8 +242,10 @@ def test_the_path_reader_reads_through_the_engine_and_its_checksums(tmp_path):
 
 def test_chunk_files_skips_what_would_not_be_served(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "MIN_BYTES", 4 * MIB)
-    files = write_chunks(tmp_path, 3, (MIB,))
+    *files, longer = write_chunks(tmp_path, 4, (MIB,))
     (tmp_path / "junk.kvc").write_bytes(b"\0" * (8 * MIB))  # largest, not a chunk
+    with longer.open("ab") as grown:  # longer than its header says: not served
+        grown.write(b"\0" * (4 * MIB))
     chosen, chunk_bytes = tune.chunk_files(tmp_path)
     assert sorted(chosen) == sorted(files) and chunk_bytes == 2 * MIB
     files[0].unlink()
@@ -270,6 +272,15 @@ def test_a_measurement_that_fails_leaves_the_knobs_as_set(harness, monkeypatch, 
     h = harness(**{"kvscope.tune": "auto", "kvscope.queue_depth": 7})
     assert h.backend.stats()["queue_depth"] == 7
     assert "tune auto could not measure" in capfd.readouterr().err  # LMCache's own handler
+
+
+def test_auto_with_a_chunk_claiming_over_the_cap_keeps_the_knobs_and_says_which(tmp_path,
+                                                                              caplog):
+    hollow = write_hollow_chunk(tmp_path, (2, 1024, 1024, 1024))  # bf16: 4 GiB
+    settings = from_extra_config({"kvscope.path": str(tmp_path), "kvscope.capacity": "1GB",
+                                  "kvscope.tune": "auto", "kvscope.queue_depth": 7})
+    assert backend._tuned(settings) == settings
+    assert f"tune auto: {hollow}: its header claims a payload of {4 << 30} bytes" in caplog.text
 
 
 def test_auto_with_too_few_chunks_keeps_the_knobs_and_serial_refuses_it(harness):
