@@ -197,3 +197,10 @@ def test_the_check_finds_a_copied_span_name_and_column_list(tmp_path):
     copy.write_text(f'NAME = "{semconv.SPAN_STORAGE_READ}"\n'
                     f'COLUMNS = {tuple(rundir.TABLES["block_io"].columns[:4])!r}\n')
     assert len(redefinitions(copy)) == 2
+
+
+def test_no_two_rooms_import_each_other():
+    """A loop between rooms (the backend's tuner importing capture, which imports the backend)
+    makes neither one usable without the other: shared code goes down to the lower room."""
+    arrows = arrow_counts()
+    assert sorted(f"{a} <-> {b}" for a, b in arrows if a < b and (b, a) in arrows) == []

@@ -4,7 +4,8 @@
 No single read unit and depth suits every device and chunk size (upstream LMCache PR 5078 shows
 it for its own reader), so they are measured on the chunk files themselves, O_DIRECT:
 
-1. the ceiling: the best rate of a deep raw reader (points of capture/ceiling.py's sweep);
+1. the ceiling: the best rate of a deep raw reader (rawread.py, at points of the device
+   ceiling's sweep);
 2. everything else is read by the serving path itself (``PathReader``: io_engine's reader
    threads, O_DIRECT into huge-page memory like LMCache's pool, every block's checksum checked
    as configured): a bare preadv loop keeps the device busy with fewer threads than readers that
@@ -49,10 +50,10 @@ import statistics
 import time
 
 # First Party
-from kvscope.capture import ceiling
 from kvscope.patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, ChunkHeader, CorruptChunk, file_size_for, hash64, padded, read_header)
 from kvscope.patched_backend.parallel_disk.io_engine import ChunkRead, Identity, IOEngine, ReadBatch
+from kvscope.patched_backend.parallel_disk import rawread
 
 UNITS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CEILING_POINTS = ((4 << 20, 32), (16 << 20, 8))
@@ -103,8 +104,9 @@ Steps = list[tuple[int, float]]  # a depth search's readers and rate, in the ord
 
 
 def raw_reader(files: list[Path], unit: int, depth: int) -> float:
-    """The raw O_DIRECT reader of capture/ceiling.py (no LMCache, no checks): the ceiling."""
-    return ceiling.read_files(files, unit, depth).bytes_per_s
+    """The raw O_DIRECT reader (rawread.py, the device ceiling's): no LMCache, no checks."""
+    total, seconds = rawread.read_files(files, unit, depth)
+    return total / seconds if seconds else 0.0
 
 
 class PathReader:
@@ -168,7 +170,7 @@ class PathReader:
     def _buffer(self, nbytes: int) -> memoryview:
         if self._memory is None or len(self._memory) < nbytes:
             self._memory = None  # the old one goes before the new one is touched
-            self._memory = ceiling.huge_buffer(nbytes)
+            self._memory = rawread.huge_buffer(nbytes)
         return self._memory
 
 
@@ -177,7 +179,7 @@ def hash_rate(nbytes: int = 64 << 20, in_cache: bool = False) -> float:
     over ``nbytes`` of memory, far more than the caches hold (where O_DIRECT data lands), or
     (``in_cache``) over one block again and again. CPU time: other work on the machine does not
     change it."""
-    buf, block = ceiling.huge_buffer(nbytes), 1 << 20
+    buf, block = rawread.huge_buffer(nbytes), 1 << 20
     started = time.thread_time()
     for offset in range(0, nbytes, block):
         hash64(buf[0:block] if in_cache else buf[offset:offset + block])
