@@ -102,7 +102,7 @@ def waterfall_of(runs: dict[str, RunData], key: str | None) -> dict:
         raise KeyError(f"no loaded request has the key {key!r}") from e
     title = look.text(f"{view.label} · {view.row['phase']} · {view.row['request_id']}: "
                          f"TTFT {view.row['ttft_ns'] / 1e6:.1f} ms")
-    return timeline.waterfall(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
+    return timeline.build_waterfall_json(view.spans, view.io, view.depth, arrival_ns=view.arrival_ns,
                               first_token_ns=view.first_token_ns, title=title)
 
 

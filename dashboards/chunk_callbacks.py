@@ -24,14 +24,14 @@ def update_chunk_views(runs: dict[str, RunData], labels: list[str] | None, phase
         ttft_cost_s=[f"{v:.2f}" if pd.notna(v) else "" for v in tally["ttft_cost_s"]])
     return (table(shown, "no chunk ledger in the selected runs and phase (runs before schema "
                          "v4, or no LMCache lookup traced)"),
-            chunks.miss_reasons_over_time(data.chunk_ledger_of(runs, labels, phase)))
+            chunks.build_miss_reasons(data.chunk_ledger_of(runs, labels, phase)))
 
 
 @figures.one_at_a_time
 def update_chunk_strip(runs: dict[str, RunData], key: str | None) -> go.Figure:
     if not key:
-        return chunks.chunk_strip(data.chunk_ledger_of(runs, []))
-    return chunks.chunk_strip(data.chunks_of(runs, key),
+        return chunks.build_chunk_strip(data.chunk_ledger_of(runs, []))
+    return chunks.build_chunk_strip(data.chunks_of(runs, key),
                               f"Chunks of {text(data.parse_key(key)[2])}")
 
 

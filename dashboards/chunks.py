@@ -48,10 +48,10 @@ def _hover(row: Any) -> str:
     return "<br>".join(lines)
 
 
-def chunk_strip(rows: pd.DataFrame, title: str = "Chunks of the request") -> go.Figure:
+def build_chunk_strip(rows: pd.DataFrame, title: str = "Chunks of the request") -> go.Figure:
     """One bar segment per looked-up chunk along the prompt's tokens, coloured by the tier that
     served it or the reason it missed."""
-    _require(rows, STRIP_COLUMNS, "chunk_strip")
+    _require(rows, STRIP_COLUMNS, "build_chunk_strip")
     if rows.empty:
         return empty("no chunk ledger for this request (no LMCache lookup was traced)")
     rows = rows.sort_values("chunk_index", kind="stable")
@@ -68,11 +68,11 @@ def chunk_strip(rows: pd.DataFrame, title: str = "Chunks of the request") -> go.
                          "xaxis": {"title": {"text": "prompt token"}}}, title)
 
 
-def miss_reasons_over_time(ledger: pd.DataFrame, bins: int = 40,
-                           title: str = "Chunk hits and miss reasons over time") -> go.Figure:
+def build_miss_reasons(ledger: pd.DataFrame, bins: int = 40,
+                       title: str = "Chunk hits and miss reasons over time") -> go.Figure:
     """Tokens looked up per time bin (seconds since each run's first lookup), hits stacked by
     tier and misses by reason; one panel per run."""
-    _require(ledger, ("run", "lookup_ns", "tokens", "tier", "reason"), "miss_reasons_over_time")
+    _require(ledger, ("run", "lookup_ns", "tokens", "tier", "reason"), "build_miss_reasons")
     if ledger.empty:
         return empty("no chunk ledger in these runs (runs before schema v4, or no LMCache "
                      "lookup traced)")

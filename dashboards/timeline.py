@@ -156,8 +156,9 @@ def _depth_lane(depth: pd.DataFrame, start_ns: int, end_ns: int, bins: int
     return np.arange(n) * width, _binned_depth(lane, start_ns, width, n).to_numpy()
 
 
-def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
-              arrival_ns: int, first_token_ns: int, title: str, bins: int = DEVICE_BINS) -> dict:
+def build_waterfall_json(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
+                         arrival_ns: int, first_token_ns: int, title: str,
+                         bins: int = DEVICE_BINS) -> dict:
     """One request on one axis (ms since arrival): spans, block I/Os, device in-flight depth
     (at most `bins` points), as the figure's JSON (what the click callback sends;
     `build_waterfall` wraps it)."""
@@ -211,9 +212,9 @@ def waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
 
 def build_waterfall(spans: pd.DataFrame, io: pd.DataFrame, depth: pd.DataFrame, *,
                     arrival_ns: int, first_token_ns: int, title: str) -> go.Figure:
-    """`waterfall` as a go.Figure."""
-    return go.Figure(waterfall(spans, io, depth, arrival_ns=arrival_ns,
-                               first_token_ns=first_token_ns, title=title))
+    """`build_waterfall_json` as a go.Figure."""
+    return go.Figure(build_waterfall_json(spans, io, depth, arrival_ns=arrival_ns,
+                                          first_token_ns=first_token_ns, title=title))
 
 
 def _bin_index(ts_ns: pd.Series, t0_ns: int, width_ns: float) -> pd.Series:

@@ -31,7 +31,7 @@ def test_strip_has_a_segment_per_chunk_over_its_tokens_named_by_what_happened():
     rows = ledger_rows("parallel", [(chunk_outcomes.TIER_VLLM, ""), (chunk_outcomes.TIER_DISK, ""),
                                     (chunk_outcomes.TIER_NONE, chunk_outcomes.DIVERGED),
                                     (chunk_outcomes.TIER_NONE, chunk_outcomes.DIVERGED)])
-    fig = chunks.chunk_strip(rows.iloc[::-1])  # any row order: the strip is in prompt order
+    fig = chunks.build_chunk_strip(rows.iloc[::-1])  # any row order: the strip is in prompt order
     by_name = {t.name: t for t in fig.data}
     assert list(by_name) == ["hit: vllm", "hit: disk", "miss: diverged"]
     diverged = by_name["miss: diverged"]
@@ -45,12 +45,12 @@ def test_strip_has_a_segment_per_chunk_over_its_tokens_named_by_what_happened():
 def test_strip_escapes_trace_strings_and_says_when_there_is_no_ledger():
     rows = ledger_rows("r", [(chunk_outcomes.TIER_NONE, chunk_outcomes.REFUSED)])
     rows["detail"] = "<b>checksum</b>"
-    fig = chunks.chunk_strip(rows)
+    fig = chunks.build_chunk_strip(rows)
     assert "&lt;b&gt;checksum&lt;/b&gt;" in fig.data[0].hovertext[0]
-    blank = chunks.chunk_strip(rows.iloc[:0])
+    blank = chunks.build_chunk_strip(rows.iloc[:0])
     assert not blank.data and "no chunk ledger" in blank.layout.annotations[0].text
     with pytest.raises(ValueError, match="tier"):
-        chunks.chunk_strip(rows.drop(columns="tier"))
+        chunks.build_chunk_strip(rows.drop(columns="tier"))
 
 
 def test_reasons_over_time_bin_every_token_once_per_run_panel():
@@ -61,7 +61,7 @@ def test_reasons_over_time_bin_every_token_once_per_run_panel():
                     lookup_ns=10_000_000_000, request_id="b"),
     ])
     second = ledger_rows("parallel", [(chunk_outcomes.TIER_CPU, "")] * 3, lookup_ns=5_000_000_000)
-    fig = chunks.miss_reasons_over_time(pd.concat([first, second]), bins=10)
+    fig = chunks.build_miss_reasons(pd.concat([first, second]), bins=10)
     per_panel: dict[tuple[str, str], float] = {}
     for trace in fig.data:
         per_panel[(trace.xaxis, trace.name)] = float(np.sum(trace.y))

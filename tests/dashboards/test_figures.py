@@ -274,7 +274,7 @@ def test_waterfall_depth_lane_is_thinned_to_its_peaks():
     ts = arrival + np.arange(10_000) * 2_000  # a change every 2 us over the 20 ms request
     inflight = np.where(np.arange(10_000) == 7_777, 64, np.arange(10_000) % 3)
     depth = pd.DataFrame({"ts_ns": ts, "inflight": inflight})
-    fig = timeline.waterfall(spans, io, depth, arrival_ns=arrival,
+    fig = timeline.build_waterfall_json(spans, io, depth, arrival_ns=arrival,
                              first_token_ns=arrival + 20_000_000, title="busy", bins=100)
     lane = fig["data"][-1]
     assert len(lane["x"]) <= 101 and set(lane["y"][:-1]) == {2, 64}  # each bin's peak
@@ -286,7 +286,7 @@ def test_waterfall_json_is_slim_and_sizes_its_own_margins():
     """What a click sends: no per-trace template defaults, no automargin and no legend (each a
     second layout pass on every redraw), so the left margin must fit the longest lane label."""
     spans, io, depth, arrival = waterfall_inputs()
-    layout = timeline.waterfall(spans, io, depth, arrival_ns=arrival,
+    layout = timeline.build_waterfall_json(spans, io, depth, arrival_ns=arrival,
                                 first_token_ns=arrival + 20_000_000, title="r1")["layout"]
     assert set(layout["template"]) == {"layout"} and layout["showlegend"] is False
     axes = [layout["template"]["layout"][a] for a in ("xaxis", "yaxis")]
@@ -300,9 +300,9 @@ def test_waterfall_has_one_size_and_the_same_traces_for_every_request():
     """Another height or margin is a whole replot, and dcc.Graph redraws once more when its div
     changes size: two requests with different lanes get one figure size and trace list."""
     spans, io, depth, arrival = waterfall_inputs()
-    few = timeline.waterfall(spans.iloc[:2], io.iloc[:0], depth, arrival_ns=arrival,
+    few = timeline.build_waterfall_json(spans.iloc[:2], io.iloc[:0], depth, arrival_ns=arrival,
                              first_token_ns=arrival + 20_000_000, title="few")
-    many = timeline.waterfall(spans, io, depth, arrival_ns=arrival,
+    many = timeline.build_waterfall_json(spans, io, depth, arrival_ns=arrival,
                               first_token_ns=arrival + 20_000_000, title="many")
     assert len(few["layout"]["yaxis"]["categoryarray"]) == 2
     assert len(many["layout"]["yaxis"]["categoryarray"]) == 7  # 5 span lanes, 2 I/O lanes
@@ -311,7 +311,7 @@ def test_waterfall_has_one_size_and_the_same_traces_for_every_request():
     assert [t["name"] for t in few["data"]] == [t["name"] for t in many["data"]] == [
         "spans", "I/O queued", "I/O on device", "device in-flight"]  # I/O traces drawn empty
     tall_io = pd.concat([io] * 10, ignore_index=True)  # 20 I/Os overlap: 20 lanes
-    tall = timeline.waterfall(spans, tall_io, depth, arrival_ns=arrival,
+    tall = timeline.build_waterfall_json(spans, tall_io, depth, arrival_ns=arrival,
                               first_token_ns=arrival + 20_000_000, title="tall")
     lanes = len(tall["layout"]["yaxis"]["categoryarray"])
     assert lanes > timeline.FIXED_LANES and tall["layout"]["height"] >= timeline.LANE_PX * lanes
