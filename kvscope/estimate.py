@@ -3,7 +3,7 @@ the CPU's bf16 support, the study's plan and the machine's load, so a user knows
 whether the study fits their time (and the demo can be held to what it printed).
 
 Constants fitted on the 2-core AVX2 VM (no AVX-512 / AMX: bf16 linear layers run in fp32
-there, patched_backend/vllm_cpu/fp32_gemm.py) and on a bf16-native 2-core VM; see README's duration table.
+there, patched_backend/vllm_cpu/fp32_gemm.py) and on a bf16-native 2-core VM; see docs/results.md's duration table.
 """
 
 from __future__ import annotations
