@@ -18,13 +18,12 @@ examples:
   sudo .venv/bin/python bench/ceiling_under_load.py --kv-dir DIR --reps 5 --unit 64MiB --depth 8
 """
 
-# Standard
-from pathlib import Path
-from typing import Optional
 import argparse
 import os
 import statistics
 import sys
+from pathlib import Path
+from typing import Optional
 
 
 def _parse(argv: Optional[list[str]]) -> argparse.Namespace:

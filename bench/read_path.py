@@ -27,8 +27,6 @@ examples:
   sudo .venv/bin/python bench/read_path.py --sweep         # also kvscope knob variants
 """
 
-# Standard
-from typing import Any, Optional
 import argparse
 import gc
 import json
@@ -39,15 +37,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Optional
 
-# Third Party
 import numpy as np
 
-# First Party (read_path_stores sits beside this script, on sys.path as the script's folder)
+# read_path_stores sits beside this script, on sys.path as the script's folder
 from read_path_stores import ChunkSet, CpuMeter, Store
 
-from kvscope.capture.ceiling import huge_buffer, read_files
+from kvscope.capture.ceiling import read_files
 from kvscope.capture.workload.system import drop_page_cache
+from kvscope.patched_backend.parallel_disk.rawread import huge_buffer
 from kvscope.patched_backend.parallel_disk.tune import hash_rate
 
 SETS = {

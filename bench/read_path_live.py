@@ -17,17 +17,15 @@ examples:
   sudo .venv/bin/python bench/read_path_live.py --profiles kvscope-serial,kvscope --concurrency 1,8
 """
 
-# Standard
-from pathlib import Path
-from typing import Optional
 import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Optional
 
-# Third Party
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,14 +3,12 @@
 
 The raw device-ceiling reader is kvscope.capture.ceiling."""
 
-# Standard
-from dataclasses import dataclass
-from typing import Any, Optional
 import os
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any, Optional
 
-# Third Party
 import torch
 
 

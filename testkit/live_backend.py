@@ -1,24 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """Helpers for the live backend tests: drive ``kvscope run`` and inspect its chunk files."""
 
-# Standard
-from pathlib import Path
-from typing import Any, Optional
 import json
 import os
 import re
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
+from typing import Any, Optional
 
-# Third Party
 import pandas as pd
 
-# First Party
-from kvscope.contract import rundir
 from kvscope.capture import twins
 from kvscope.capture.workload import profiles
 from kvscope.capture.workload.server import ServerConfig, VLLMServer
+from kvscope.contract import rundir
 from kvscope.patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, SUFFIX, TEMP_PREFIX, ChunkHeader, block_hashes, read_header,
 )

@@ -1,10 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Helpers for the backend tests: a real LMCache StorageManager with the kvscope plugin."""
 
-# Standard
 from typing import Any
 
-# Third Party
 import torch
 
 LAYERS, HEADS, HEAD_DIM, CHUNK = 4, 2, 64, 256

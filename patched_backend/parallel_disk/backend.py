@@ -19,21 +19,18 @@ device or a bug never blocks vLLM's worker. The directory is private (dirsafety.
 by one server at a time (dirlock.py).
 """
 
-# Standard
-from typing import Any, Awaitable, Callable, Hashable, List, Optional, Sequence
 import asyncio
 import dataclasses
 import logging
 import os
 import threading
 import time
+from typing import Any, Awaitable, Callable, Hashable, List, Optional, Sequence
 
-# Third Party
 from lmcache.logging import init_logger
 from lmcache.utils import parse_cache_key
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
-# First Party
 from kvscope.patched_backend.parallel_disk import handoff, hooks, statsfile
 from kvscope.patched_backend.parallel_disk.buffers import collapse_to_huge_pages, pool_region
 from kvscope.patched_backend.parallel_disk.config import DiskConfig, from_extra_config

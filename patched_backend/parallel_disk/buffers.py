@@ -7,16 +7,13 @@ memory object: zero copies. When a memory object is not aligned or too small (an
 allocator), the read goes to an aligned anonymous mapping and is copied after verification.
 """
 
-# Standard
-from typing import Any, Optional
 import ctypes
 import mmap
 import os
+from typing import Any, Optional
 
-# Third Party
 import torch
 
-# First Party
 from kvscope.patched_backend.parallel_disk.chunkfile import ALIGN, padded
 
 

@@ -30,9 +30,6 @@ Layout (little endian)::
 nothing read from a file can raise anything but ``CorruptChunk`` later.
 """
 
-# Standard
-from dataclasses import dataclass, field
-from typing import Any, Optional
 import base64
 import binascii
 import hashlib
@@ -41,8 +38,9 @@ import math
 import os
 import struct
 import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-# Third Party
 import xxhash
 
 MAGIC = b"KVSCOPE\x01"

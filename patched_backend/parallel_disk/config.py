@@ -5,12 +5,11 @@ Kept apart from the backend so a bad value fails with a message naming the key b
 thread or file is created. Every number must be finite and within its range (``RANGES``).
 """
 
-# Standard
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional
 import math
 import os
 import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 PREFIX = "kvscope."
 ALIGN = 4096

@@ -8,11 +8,10 @@ telling a live writer's temporary file from a dead one's by pid breaks across co
 never leaves the directory locked, and it works across pid namespaces on one host.
 """
 
-# Standard
-from typing import Optional
 import fcntl
 import os
 import socket
+from typing import Optional
 
 LOCK_NAME = ".kvscope.lock"
 

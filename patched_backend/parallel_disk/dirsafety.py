@@ -12,11 +12,9 @@ refuses to start with one line saying what to fix. Chunk files are created 0600 
 with O_NOFOLLOW.
 """
 
-# Standard
-from pathlib import Path
 import os
+from pathlib import Path
 
-# First Party
 from kvscope.contract import files
 
 

@@ -9,11 +9,9 @@ layout identity of its bytes against this engine's (layout.py: writer, block siz
 model config...), which must be equal.
 """
 
-# Standard
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-# First Party
 from kvscope.patched_backend.parallel_disk.chunkfile import ChunkHeader
 from kvscope.patched_backend.parallel_disk.layout import describe_difference, engine_layout
 

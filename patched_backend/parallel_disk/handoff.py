@@ -26,14 +26,12 @@ What stays true:
   there too (inside the request's load, where the tracer looks for them).
 """
 
-# Standard
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
 import logging
 import threading
 import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
-# First Party
 from kvscope.patched_backend.parallel_disk.reads import ReadPath, Slot, release_when_done
 
 logger = logging.getLogger(__name__)

@@ -16,14 +16,13 @@ tags the synchronous reads made inside it with a request id (the async prefetch 
 carries LMCache's lookup id).
 """
 
-# Standard
+import logging
+import threading
+import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
-import logging
-import threading
-import weakref
 
 logger = logging.getLogger(__name__)
 

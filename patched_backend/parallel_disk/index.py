@@ -7,13 +7,11 @@ turned into used space when the file is published, so the byte budget holds with
 flight.
 """
 
-# Standard
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable, Optional
-import threading
 
-# First Party
 from kvscope.patched_backend.parallel_disk.chunkfile import ChunkHeader
 
 

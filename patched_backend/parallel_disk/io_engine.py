@@ -13,16 +13,14 @@ and keeps serving; reads submitted after ``close()`` fail at once (``closed``); 
 timeout (the caller turns what is unfinished into misses, reason ``timeout``).
 """
 
-# Standard
-from typing import Callable, Optional
 import errno
 import logging
 import os
 import queue
 import threading
 import time
+from typing import Callable, Optional
 
-# First Party
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, hash64, padded
 
 logger = logging.getLogger(__name__)

@@ -14,14 +14,12 @@ The identity is known when the backend is built: the connector registers itself
 (set around the worker's KV cache initialisation) gives block size, cache dtype and model.
 """
 
-# Standard
-from dataclasses import dataclass
-from typing import Any, Optional
 import hashlib
 import json
 import threading
+from dataclasses import dataclass
+from typing import Any, Optional
 
-# First Party
 from kvscope.contract import upstream
 
 

@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """LMCache settings that enable this backend: used by ``kvscope run`` profiles and docs."""
 
-# Standard
+import logging
 from pathlib import Path
 from typing import Any, Optional
-import logging
 
 logger = logging.getLogger(__name__)
 MODULE = "kvscope.patched_backend.parallel_disk.backend"

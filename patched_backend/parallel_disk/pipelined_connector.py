@@ -23,17 +23,14 @@ recompute them, as it does when a retrieve comes back short. The sink says when 
 the transfer without the waits in between (tracer/worker.py).
 """
 
-# Standard
-from typing import Any, Callable, Optional, Sequence
 import importlib
 import logging
 import operator
 import time
+from typing import Any, Callable, Optional, Sequence
 
-# Third Party
 import wrapt
 
-# First Party
 from kvscope.contract import upstream
 from kvscope.patched_backend.parallel_disk import handoff, lmcache_config
 

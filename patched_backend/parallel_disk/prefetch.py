@@ -20,16 +20,14 @@ Bounds and lifetimes:
   Memory is returned only once its read has finished (readers write into it until then).
 """
 
-# Standard
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Hashable, Iterable, Optional
 import functools
 import logging
 import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Hashable, Iterable, Optional
 
-# First Party
 from kvscope.patched_backend.parallel_disk.chunkfile import padded
 from kvscope.patched_backend.parallel_disk.index import ChunkIndex
 from kvscope.patched_backend.parallel_disk.io_engine import ReadBatch

@@ -6,9 +6,6 @@ Both the device ceiling (capture/ceiling.py) and the tuner (tune.py) measure wit
 the backend's room so that the tuner never imports capture, which imports the backend.
 """
 
-# Standard
-from collections import deque
-from pathlib import Path
 import ctypes
 import errno
 import mmap
@@ -16,8 +13,9 @@ import os
 import stat
 import threading
 import time
+from collections import deque
+from pathlib import Path
 
-# First Party
 from kvscope.patched_backend.parallel_disk.buffers import HUGE_PAGE
 
 

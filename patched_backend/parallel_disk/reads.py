@@ -13,17 +13,14 @@ close (``closed``) is a miss like a refused one, but its file stays indexed; its
 back to LMCache only once no reader can write into it any more.
 """
 
-# Standard
-from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional
 import logging
 import time
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Optional
 
-# Third Party
-from lmcache.v1.memory_management import MemoryFormat
 import torch
+from lmcache.v1.memory_management import MemoryFormat
 
-# First Party
 from kvscope.patched_backend.parallel_disk import hooks
 from kvscope.patched_backend.parallel_disk.buffers import direct_view, raw_view, staging_buffer
 from kvscope.patched_backend.parallel_disk.index import ChunkIndex, Entry

@@ -10,14 +10,12 @@ them. Temporary files are all deleted: the directory lock (dirlock.py) proves th
 is gone.
 """
 
-# Standard
-from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional
 import logging
 import os
 import stat
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Optional
 
-# First Party
 from kvscope.patched_backend.parallel_disk.chunkfile import (
     QUARANTINE_SUFFIX, SUFFIX, TEMP_PREFIX, ChunkHeader, CorruptChunk, file_name,
     file_size_for, read_header,

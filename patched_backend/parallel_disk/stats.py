@@ -1,12 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Counters of one backend instance, readable at any time with ``snapshot()``."""
 
-# Standard
+import threading
 from collections import Counter
 from typing import Any
-import threading
 
-# First Party
 from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS
 from kvscope.contract.counters import MISS_BY_REASON
 

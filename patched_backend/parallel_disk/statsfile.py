@@ -11,16 +11,14 @@ driver, and ``kvscope record`` reading a server's files as root) read each file 
 through a link, and sum only files of the shape written here.
 """
 
-# Standard
-from pathlib import Path
-from typing import Any, Iterable, Optional
 import json
 import logging
 import os
 import threading
 import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
 
-# First Party
 from kvscope.contract import files, jsonfiles
 from kvscope.contract.counters import CORRUPT_BY_REASON, DISK_BACKEND_COUNTERS, READ_KNOBS
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR

@@ -40,20 +40,18 @@ reads are O_DIRECT, so the page cache neither helps them nor needs dropping; a s
 start on the chunk files it found (4-11 s on the project VM), before it serves.
 """
 
-# Standard
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, NamedTuple, Optional, TypeVar
 import errno
 import math
 import statistics
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional, TypeVar
 
-# First Party
+from kvscope.patched_backend.parallel_disk import rawread
 from kvscope.patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, ChunkHeader, CorruptChunk, file_size_for, hash64, padded, read_header)
 from kvscope.patched_backend.parallel_disk.io_engine import ChunkRead, Identity, IOEngine, ReadBatch
-from kvscope.patched_backend.parallel_disk import rawread
 
 UNITS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CEILING_POINTS = ((4 << 20, 32), (16 << 20, 8))

@@ -8,17 +8,15 @@ pool memory) until written, so the queue is bounded in bytes: a store that does 
 dropped (``stores_dropped``; the chunk is simply not on disk, a miss later).
 """
 
-# Standard
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import replace
-from typing import Any, Callable, Hashable, Optional
 import errno
 import logging
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import replace
+from typing import Any, Callable, Hashable, Optional
 
-# First Party
 from kvscope.patched_backend.parallel_disk import hooks
 from kvscope.patched_backend.parallel_disk.chunkfile import (
     ChunkHeader, block_hashes, file_size_for, hash_block_for, write_chunk,

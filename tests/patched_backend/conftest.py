@@ -1,23 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fixtures of the backend tests (helpers live in kvscope.testkit.lmcache_harness)."""
 
-# Standard
+import random
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
-import random
 
-# Third Party
+import pytest
+import torch
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-import pytest
-import torch
 
-# First Party
-from kvscope.testkit.lmcache_harness import Harness
 from kvscope.patched_backend.parallel_disk import hooks
+from kvscope.testkit.lmcache_harness import Harness
 from kvscope.tracer import runtime
 from kvscope.tracer.spans import RequestTrace
 from kvscope.tracer.storage import ParallelReadListener

@@ -1,14 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Concurrent requests: no deadlock, every KV exact; async prefetches overlap their reads."""
 
-# Standard
-from concurrent.futures import ThreadPoolExecutor
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
-# Third Party
 import pytest
 
-# First Party
 from kvscope.testkit.lmcache_harness import assert_exact, key
 
 MODES = [

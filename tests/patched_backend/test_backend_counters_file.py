@@ -1,19 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """The backend's counters reach the run directory by themselves (tracing on or off)."""
 
-# Standard
 import json
 import os
 import time
 
-# Third Party
 import pytest
 
-# First Party
+from kvscope.capture.workload.observers import DiskBackendObserver
 from kvscope.contract import rundir
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR
 from kvscope.patched_backend.parallel_disk import statsfile
-from kvscope.capture.workload.observers import DiskBackendObserver
 
 
 def test_a_backend_writes_its_counters_where_the_run_says(harness, tmp_path, monkeypatch):

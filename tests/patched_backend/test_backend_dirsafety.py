@@ -8,22 +8,19 @@ a directory in use fails with a clear error naming the directory; the lock dies 
 holder (SIGKILL included). Real backends on real files (root: chown to another uid).
 """
 
-# Standard
-from pathlib import Path
 import os
 import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
-# Third Party
 import pytest
 
-# First Party
-from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, lmcache_config, metadata
 from kvscope.patched_backend.parallel_disk.backend import ParallelDiskBackend
 from kvscope.patched_backend.parallel_disk.dirlock import DirectoryInUse
 from kvscope.patched_backend.parallel_disk.dirsafety import UnsafeDirectory
+from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, lmcache_config, metadata
 
 OTHER_UID = 12345
 

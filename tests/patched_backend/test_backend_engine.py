@@ -5,14 +5,11 @@ The GPU connector is LMCache's MockGPUConnector with its (no-op) copies filled i
 CPU tensor standing in for the paged GPU KV cache: the only part that cannot run here.
 """
 
-# Standard
 import uuid
 
-# Third Party
 import pytest
 import torch
 
-# First Party
 from kvscope.testkit.lmcache_harness import CHUNK, copy_connector, lmcache_config, metadata
 
 

@@ -1,18 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Faults on the write side: a full file system (ENOSPC) and a writer killed with SIGKILL."""
 
-# Standard
 import os
 import signal
 import subprocess
 import sys
 
-# Third Party
 import pytest
 
-# First Party
-from kvscope.testkit.lmcache_harness import assert_exact
 from kvscope.patched_backend.parallel_disk.chunkfile import SUFFIX, TEMP_PREFIX
+from kvscope.testkit.lmcache_harness import assert_exact
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

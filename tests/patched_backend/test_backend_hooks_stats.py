@@ -1,19 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Listener hooks, stats, LRU eviction under the capacity limit, knob validation."""
 
-# Standard
 import re
 import threading
 import time
 
-# Third Party
 import pytest
 
-# First Party
-from kvscope.testkit.lmcache_harness import assert_exact, key
 from kvscope.patched_backend.parallel_disk import hooks
 from kvscope.patched_backend.parallel_disk.chunkfile import file_size_for
 from kvscope.patched_backend.parallel_disk.config import DELAY_ENV, from_extra_config, parse_size
+from kvscope.testkit.lmcache_harness import assert_exact, key
 
 CHUNK_BYTES = 2 * 4 * 256 * 128 * 2  # the test geometry's payload
 

@@ -1,14 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """LMCache's pool moved to transparent huge pages: real madvise on real memory, same bytes."""
 
-# Standard
 from pathlib import Path
 
-# Third Party
 import pytest
 import torch
 
-# First Party
 from kvscope.patched_backend.parallel_disk.buffers import HUGE_PAGE, collapse_to_huge_pages
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

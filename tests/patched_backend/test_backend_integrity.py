@@ -1,16 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Durable index and damaged files: cold hits after restart; bad chunks are misses, never KV."""
 
-# Standard
 import os
 import struct
 
-# Third Party
 import pytest
 
-# First Party
-from kvscope.testkit.lmcache_harness import CHUNK, assert_exact, chunk_path, kv_tensor
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, VERSION
+from kvscope.testkit.lmcache_harness import CHUNK, assert_exact, chunk_path, kv_tensor
 
 
 def _flip_payload_byte(path: str, offset: int = 1234) -> None:

@@ -7,17 +7,14 @@ size, so a restart with another ``--block-size`` on the same directory must miss
 around the backend's construction, as vLLM's worker does.
 """
 
-# Standard
+import os
 from contextlib import contextmanager
 from typing import Iterator
-import os
 
-# Third Party
 import pytest
 
-# First Party
-from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, metadata
 from kvscope.patched_backend.parallel_disk import layout
+from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, metadata
 
 
 @pytest.fixture(autouse=True)

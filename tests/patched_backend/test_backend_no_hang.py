@@ -5,16 +5,13 @@ Real StorageManager + plugin on real files. Each get runs in a thread joined wit
 so a hang fails the test instead of stalling the suite.
 """
 
-# Standard
 import asyncio
 import os
 import threading
 import time
 
-# Third Party
 import pytest
 
-# First Party
 from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, key
 from test_backend_prefetch import allocated, wait_for
 

@@ -7,16 +7,13 @@ neither of which changes what is tested here: when each chunk is copied, and wha
 a chunk fails after it was handed out. vLLM's failed-block list is a recording sink here.
 """
 
-# Standard
 import logging
 import os
 import uuid
 
-# Third Party
 import pytest
 import torch
 
-# First Party
 from kvscope.patched_backend.parallel_disk import handoff
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, file_name
 from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector

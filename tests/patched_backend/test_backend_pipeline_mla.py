@@ -12,15 +12,12 @@ of ``kv_lora_rank + qk_rope_head_dim`` = 576 values per token and layer); the co
 into a CPU tensor standing in for the paged KV cache (the GPU is what cannot run here).
 """
 
-# Standard
 import os
 import uuid
 
-# Third Party
 import pytest
 import torch
 
-# First Party
 from kvscope.patched_backend.parallel_disk import lmcache_config
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, file_name
 from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector

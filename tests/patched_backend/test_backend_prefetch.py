@@ -6,19 +6,16 @@ Real StorageManager + plugin on real files. The lookup is LMCache's own
 the scheduler) and the release is ``batched_unpin`` (what ``lookup_unpin`` runs).
 """
 
-# Standard
-from concurrent.futures import ThreadPoolExecutor
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-# Third Party
 import pytest
 import torch
 
-# First Party
-from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, key
 from kvscope.patched_backend.parallel_disk import hooks
 from kvscope.patched_backend.parallel_disk.config import from_extra_config
+from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, key
 
 ON = {"kvscope.prefetch_on_lookup": True}  # the default, spelled out
 CHUNK_BYTES = 512 << 10  # the test geometry: 2 x 4 layers x 256 tokens x 128 x bf16

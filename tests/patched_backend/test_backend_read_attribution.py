@@ -14,18 +14,15 @@ different requests are open at once on the same reader threads, which a thread-a
 cannot tell apart.
 """
 
-# Standard
+import os
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-import os
-import random
 
-# Third Party
 import pandas as pd
 import pytest
 
-# First Party
 from kvscope.analysis import blockjoin
 from kvscope.contract import semconv
 from kvscope.patched_backend.parallel_disk import hooks

@@ -1,10 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """KV bit-exact through the plugin inside a real LMCache StorageManager, on real files."""
 
-# Third Party
 import pytest
 
-# First Party
 from kvscope.testkit.lmcache_harness import assert_exact
 
 MODES = [

@@ -9,29 +9,26 @@ a directory of mutated chunk files never makes the scan raise; whatever it index
 exactly a chunk that was written, everything else is counted.
 """
 
-# Standard
-from dataclasses import replace
-from pathlib import Path
 import os
 import shutil
 import struct
 import tempfile
+from dataclasses import replace
+from pathlib import Path
 
-# Third Party
+import pytest
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lmcache.utils import parse_cache_key
-import pytest
-import xxhash
 
-# First Party
-from kvscope.testkit.lmcache_harness import CHUNK, assert_exact, chunk_path, key, metadata
 from kvscope.patched_backend.parallel_disk.chunkfile import (
     HEADER_SIZE, QUARANTINE_SUFFIX, ChunkHeader, CorruptChunk, decode_header, encode_header,
     file_name, file_size_for, read_header,
 )
 from kvscope.patched_backend.parallel_disk.geometry import EngineGeometry
 from kvscope.patched_backend.parallel_disk.recovery import scan
+from kvscope.testkit.lmcache_harness import CHUNK, assert_exact, chunk_path, key, metadata
 
 
 def _plant(directory: Path, template: Path, name: str = "", **fields) -> Path:

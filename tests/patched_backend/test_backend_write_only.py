@@ -3,13 +3,10 @@
 every put lands in both formats, every lookup and read is the stock tier's, and a later
 server on the kvscope directory finds and reads every chunk. Real StorageManager, real files."""
 
-# Standard
 import time
 
-# Third Party
 import pytest
 
-# First Party
 from kvscope.testkit.lmcache_harness import assert_exact, key
 
 CHUNKS = [0, 1, 2]

@@ -4,15 +4,12 @@
 Real StorageManager + plugin on real files.
 """
 
-# Standard
 import threading
 
-# Third Party
 import torch
 
-# First Party
-from kvscope.testkit.lmcache_harness import MODEL, assert_exact, key, kv_tensor
 from kvscope.patched_backend.parallel_disk.chunkfile import file_size_for
+from kvscope.testkit.lmcache_harness import MODEL, assert_exact, key, kv_tensor
 
 CHUNK_BYTES = 512 << 10  # the test geometry: 2 x 4 layers x 256 tokens x 128 x bf16
 FILE = file_size_for(CHUNK_BYTES)

@@ -2,11 +2,9 @@
 """kvscope's CPU KV connector on real tensors laid out as vLLM-CPU's: whole blocks round trip,
 whether a chunk's blocks are consecutive (copied as runs) or scattered."""
 
-# Third Party
 import pytest
 import torch
 
-# First Party
 from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
 from kvscope.testkit.lmcache_harness import metadata
 

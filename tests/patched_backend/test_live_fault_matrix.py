@@ -12,20 +12,17 @@ tier (a clear error in its log) and gives the reference too. Last, a server on a
 what is served. The rows printed at the end are the table in docs/backend.md.
 """
 
-# Standard
-from dataclasses import replace
-from pathlib import Path
 import os
 import re
 import socket
 import time
+from dataclasses import replace
+from pathlib import Path
 
-# Third Party
 import pytest
 
-# First Party
-from kvscope.testkit.live_backend import chunk_files, first_token, server_log, temp_files, tiny_server
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, encode_header, read_header
+from kvscope.testkit.live_backend import chunk_files, first_token, server_log, temp_files, tiny_server
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
 

@@ -9,24 +9,21 @@ another geometry, a stray non-kvscope file) and a new server serves every prompt
 request succeeds, damaged chunks are refused and reported (never served), intact ones hit.
 """
 
-# Standard
-from dataclasses import replace
-from pathlib import Path
 import os
 import re
 import subprocess
 import time
+from dataclasses import replace
+from pathlib import Path
 
-# Third Party
 import pytest
 
-# First Party
+from kvscope.patched_backend.parallel_disk.chunkfile import (
+    HEADER_SIZE, QUARANTINE_SUFFIX, block_hashes, read_header, write_chunk,
+)
 from kvscope.testkit.live_backend import (
     chunk_files, chunks_found_at_start, hit_chunks, kill_server_group, kvscope_run, run_argv,
     server_log, temp_files, verify_file,
-)
-from kvscope.patched_backend.parallel_disk.chunkfile import (
-    HEADER_SIZE, QUARANTINE_SUFFIX, block_hashes, read_header, write_chunk,
 )
 
 pytestmark = [pytest.mark.live, pytest.mark.root]

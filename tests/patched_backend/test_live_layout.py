@@ -10,16 +10,13 @@ what a recompute gives (the stored chunks of the other layout are refused, count
 loaded), and its own chunks, loaded back, must give it again.
 """
 
-# Standard
-from pathlib import Path
 import time
+from pathlib import Path
 
-# Third Party
 import pytest
 
-# First Party
-from kvscope.testkit.live_backend import chunk_files, first_token, server_log, temp_files, tiny_server
 from kvscope.patched_backend.parallel_disk.chunkfile import read_header
+from kvscope.testkit.live_backend import chunk_files, first_token, server_log, temp_files, tiny_server
 
 pytestmark = [pytest.mark.live]
 

@@ -6,10 +6,8 @@ One warm server stores every prompt's chunks and stops; a new server finds them 
 every stored chunk is a hit.
 """
 
-# Third Party
 import pytest
 
-# First Party
 from kvscope.contract import rundir
 from kvscope.testkit.live_backend import chunk_files, chunks_found_at_start, hit_chunks, kvscope_run, verify_file
 

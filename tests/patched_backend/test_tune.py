@@ -7,16 +7,13 @@ The choice on a real disk is tests/kvscope/test_tune_cli.py's (bench/read_path.p
 chosen knobs against a hand-set sweep); here the readers are formulas so the choice can be
 checked by hand."""
 
-# Standard
-from pathlib import Path
-from typing import Callable
 import math
 import random
+from pathlib import Path
+from typing import Callable
 
-# Third Party
 import pytest
 
-# First Party
 from kvscope.patched_backend.parallel_disk import backend, tune
 from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE
 from kvscope.patched_backend.parallel_disk.config import from_extra_config

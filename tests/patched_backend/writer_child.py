@@ -5,10 +5,8 @@ Usage: python writer_child.py KV_DIR. Prints "queued N" after each batch of 4 ch
 waits for the writes, so the writer thread is busy (mid-write) whenever the kill lands.
 """
 
-# Standard
 import sys
 
-# First Party
 from kvscope.testkit.lmcache_harness import Harness
 
 
