@@ -204,3 +204,13 @@ def test_no_two_rooms_import_each_other():
     makes neither one usable without the other: shared code goes down to the lower room."""
     arrows = arrow_counts()
     assert sorted(f"{a} <-> {b}" for a, b in arrows if a < b and (b, a) in arrows) == []
+
+
+def test_one_import_style_in_every_room():
+    """The house groups imports by blank lines alone (standard library, third party, kvscope),
+    plain imports before from-imports; LMCache's marker comments were a second style."""
+    markers = ("# Standard", "# Third Party", "# First Party")
+    assert sorted(f"{path.relative_to(ROOT)}:{n}" for path in modules().values()
+                  if path.is_relative_to(ROOT)
+                  for n, line in enumerate(path.read_text().splitlines(), 1)
+                  if line.strip() in markers) == []
