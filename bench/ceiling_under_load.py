@@ -40,7 +40,6 @@ def _parse(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def _read(files: list[Path], unit: int, depth: int, busy: int) -> float:
     """GB/s of one read of `files` while `busy` spinners (nice 19) keep that many CPUs busy."""
-    # First Party
     from kvscope.capture import ceiling
     from kvscope.capture.workload import system
 
@@ -52,7 +51,6 @@ def _read(files: list[Path], unit: int, depth: int, busy: int) -> float:
 def main(argv: Optional[list[str]] = None) -> int:
     """Print every measurement, the medians and their ratios to idle; 2 on bad input."""
     args = _parse(argv)
-    # First Party
     from kvscope.capture import ceiling
     from kvscope.patched_backend.parallel_disk.config import parse_size
 

@@ -69,7 +69,6 @@ def _run(args: argparse.Namespace, profile: str) -> pd.DataFrame:
                  "--kv-dir", str(kv_dir), "--keep-kv")
     _kvscope_run(args, profile, out / "cold", "--phases", "cold",
                  "--concurrency", args.concurrency, "--kv-dir", str(kv_dir))  # removes kv_dir
-    # First Party
     from kvscope.contract import rundir
 
     requests = rundir.read_table(out / "cold", "requests")

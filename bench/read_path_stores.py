@@ -75,7 +75,6 @@ class Store:
 
     def __init__(self, label: str, chunk_set: ChunkSet, config_keys: dict[str, Any],
                  location: str) -> None:
-        # Third Party
         from lmcache.utils import CacheEngineKey
         from lmcache.v1.config import LMCacheEngineConfig
         from lmcache.v1.event_manager import EventManager

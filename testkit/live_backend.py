@@ -82,10 +82,8 @@ def hit_chunks(requests: pd.DataFrame) -> Any:
 
 def kill_server_group(driver_pid: int) -> int:
     """SIGKILL the vLLM server process group that the ``kvscope run`` driver started."""
-    # Standard
     import signal
 
-    # Third Party
     import psutil
 
     for child in psutil.Process(driver_pid).children(recursive=True):

@@ -11,7 +11,6 @@ MODEL = "kvscope-test-model"
 
 def metadata(layers: int = LAYERS, worker_id: int = 0) -> Any:
     """LMCacheMetadata of the small test geometry (bf16, 256-token chunks)."""
-    # Third Party
     from lmcache.v1.metadata import LMCacheMetadata
 
     return LMCacheMetadata(
@@ -23,7 +22,6 @@ def metadata(layers: int = LAYERS, worker_id: int = 0) -> Any:
 
 def lmcache_config(path: str, **knobs: Any) -> Any:
     """LMCacheEngineConfig loading the plugin as ``kvscope`` (no stock disk tier)."""
-    # Third Party
     from lmcache.v1.config import LMCacheEngineConfig
 
     engine_keys = {k: knobs.pop(k) for k in list(knobs) if not k.startswith("kvscope.")}
@@ -43,7 +41,6 @@ def lmcache_config(path: str, **knobs: Any) -> Any:
 
 def key(i: int, worker_id: int = 0) -> Any:
     """Cache key of chunk ``i``."""
-    # Third Party
     from lmcache.utils import CacheEngineKey
 
     return CacheEngineKey(MODEL, 1, worker_id, 0x1000 + i, torch.bfloat16)
@@ -52,7 +49,6 @@ def key(i: int, worker_id: int = 0) -> Any:
 def copy_connector(kv_shape: Any) -> Any:
     """LMCache's MockGPUConnector with its (no-op) copies filled in against a CPU tensor
     standing in for the paged GPU KV cache (``kvbuf=`` in the store / retrieve kwargs)."""
-    # Third Party
     from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
 
     class CopyConnector(MockGPUConnector):
@@ -77,7 +73,6 @@ class Harness:
     """One StorageManager with the plugin; ``put``/``get`` speak in chunk indices."""
 
     def __init__(self, path: str, layers: int = LAYERS, **knobs: Any) -> None:
-        # Third Party
         from lmcache.v1.event_manager import EventManager
         from lmcache.v1.pin_monitor import PinMonitor
         from lmcache.v1.storage_backend.storage_manager import StorageManager
@@ -122,10 +117,8 @@ def assert_exact(objs: list[Any], indices: list[int], tokens: int = CHUNK,
 
 def chunk_path(directory: Any, i: int) -> str:
     """Path of chunk ``i``'s file under ``directory``."""
-    # Standard
     import os
 
-    # First Party
     from kvscope.patched_backend.parallel_disk.chunkfile import file_name
 
     return os.path.join(str(directory), file_name(key(i).to_string()))

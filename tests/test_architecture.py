@@ -209,7 +209,7 @@ def test_no_two_rooms_import_each_other():
 def test_one_import_style_in_every_room():
     """The house groups imports by blank lines alone (standard library, third party, kvscope),
     plain imports before from-imports; LMCache's marker comments were a second style."""
-    markers = ("# Standard", "# Third Party", "# First Party")
+    markers = ("# Standard", "# Third Party", "# First Party")  # at any indent
     assert sorted(f"{path.relative_to(ROOT)}:{n}" for path in modules().values()
                   if path.is_relative_to(ROOT)
                   for n, line in enumerate(path.read_text().splitlines(), 1)

@@ -99,7 +99,6 @@ def _vllm_identity(config: Any, writer: Writer, metadata: Any) -> dict[str, Any]
         out["model_config"] = _fingerprint(getattr(model, "hf_config", None))
         out["model_dtype"] = str(getattr(model, "dtype", ""))
     try:
-        # Third Party
         import vllm
 
         out["vllm"] = str(vllm.__version__)

@@ -14,7 +14,6 @@ from kvscope.testkit.lmcache_harness import CHUNK, copy_connector, lmcache_confi
 
 
 def _engine(path, **knobs):
-    # Third Party
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     meta = metadata()
@@ -27,7 +26,6 @@ def _engine(path, **knobs):
 
 
 def _kvbuf(num_tokens, seed):
-    # Third Party
     from kvscope.testkit.lmcache_harness import HEAD_DIM, HEADS, LAYERS
 
     gen = torch.Generator().manual_seed(seed)
@@ -37,7 +35,6 @@ def _kvbuf(num_tokens, seed):
 
 @pytest.mark.parametrize("mode", ["parallel", "serial"])
 def test_engine_store_restart_retrieve_is_bit_exact(tmp_path, mode):
-    # Third Party
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     tokens = torch.arange(4 * CHUNK)

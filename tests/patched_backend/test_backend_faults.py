@@ -22,7 +22,6 @@ def tiny_fs(tmpfs):
 
 @pytest.mark.root
 def test_enospc_skips_the_store_and_keeps_serving(harness, tiny_fs):
-    # First Party
     from kvscope.patched_backend.parallel_disk import hooks
 
     failed = []
@@ -81,7 +80,6 @@ def test_kill_9_mid_write_leaves_only_complete_chunks(harness, tmp_path):
 
 
 def _key(i):
-    # First Party
     from kvscope.testkit.lmcache_harness import key
 
     return key(i)

@@ -104,7 +104,6 @@ def test_unfull_chunk_roundtrip_keeps_shape(harness):
 
 
 def _keys(n):
-    # First Party
     from kvscope.testkit.lmcache_harness import key
 
     return [key(i) for i in range(n)]

@@ -26,7 +26,6 @@ def _no_writer_left_registered() -> Iterator[None]:
 @contextmanager
 def vllm_block_size(block_size: int) -> Iterator[None]:
     """vLLM's current config with this block size, as in the worker's KV cache set-up."""
-    # Third Party
     from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
 
     with set_current_vllm_config(VllmConfig(cache_config=CacheConfig(block_size=block_size))):
@@ -35,7 +34,6 @@ def vllm_block_size(block_size: int) -> Iterator[None]:
 
 def _cpu_connector() -> None:
     """Build kvscope's real CPU connector: it registers itself as the writer of the bytes."""
-    # First Party
     from kvscope.patched_backend.vllm_cpu.connector import CPUPagedKVConnector
 
     CPUPagedKVConnector.from_metadata(metadata())
@@ -83,7 +81,6 @@ def test_chunks_of_another_writer_are_a_counted_miss(harness):
 def test_layout_identity_names_writer_block_size_and_model():
     _cpu_connector()
     with vllm_block_size(32):
-        # First Party
         from vllm.config import get_current_vllm_config
 
         identity = layout.engine_layout(metadata(), get_current_vllm_config())

@@ -43,7 +43,6 @@ def test_write_only_tier_stores_beside_stock_and_serves_nothing(harness, tmp_pat
 
 
 def test_a_write_only_tier_reads_nothing_ahead():
-    # First Party
     from kvscope.patched_backend.parallel_disk.config import from_extra_config
 
     on = {"kvscope.path": "/x", "kvscope.capacity": "1GiB", "kvscope.write_only": True}

@@ -17,7 +17,6 @@ FILE = file_size_for(CHUNK_BYTES)
 
 def _long_key(i: int):
     """A key whose metadata cannot fit the 4 KiB header (a 5000-character model name)."""
-    # Third Party
     from lmcache.utils import CacheEngineKey
 
     return CacheEngineKey(MODEL + "-" + "x" * 5000, 1, 0, 0x2000 + i, torch.bfloat16)
@@ -58,7 +57,6 @@ class _HoldFirstStore:
 
 
 def test_full_write_queue_drops_stores_and_counts_them(harness):
-    # First Party
     from kvscope.patched_backend.parallel_disk import hooks
 
     h = harness(**{"kvscope.write_queue_bytes": 2 * CHUNK_BYTES})
