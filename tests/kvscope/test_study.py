@@ -12,8 +12,7 @@ from kvscope.contract.env import ENV_FP32_GEMM
 from kvscope.analysis import outputs
 from kvscope.testkit import synthetic
 from kvscope import study, study_options
-from kvscope.capture import ceiling
-from kvscope.contract import rundir
+from kvscope.contract import ceiling, rundir
 
 
 def describe(run) -> None:
