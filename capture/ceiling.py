@@ -5,7 +5,8 @@ with a raw reader (O_DIRECT, `depth` threads each keeping one `unit`-byte preadv
 LMCache, no checksums) and with fio where it is installed, page cache dropped before each. One
 measurement on a shared machine can land in a slow moment; the best of several is the least
 under-measured, and the spread (kept beside it) says how much the machine drifted. A study
-merges every run's measurements per device (`best_of`) so all its runs share one ceiling.
+merges every run's measurements per device (`contract.ceiling.best_of`) so all its runs share
+one ceiling.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from kvscope.capture.workload import system
+from kvscope.contract.ceiling import Ceiling, best_of
 from kvscope.patched_backend.parallel_disk import rawread
 
 DEFAULT_UNIT = 4 << 20
@@ -32,29 +33,7 @@ SWEEP: tuple[tuple[int, int], ...] = ((4 << 20, 32), (4 << 20, 8), (1 << 20, 16)
 SWEEP_LIMIT_BYTES = 2 << 30  # bytes read per sweep point: ~0.5 s at 4 GB/s
 BUSY_REPS = 3  # idle and busy reads alternated this many times: the medians are compared
 SPIN_SETTLE_S = 1.0  # for the spinners to reach their cores before a busy read
-RAW_METHOD = "raw O_DIRECT preadv, page cache dropped"
 FIO_METHOD = "fio io_uring O_DIRECT sequential read, page cache dropped"
-
-
-@dataclass(frozen=True)
-class Ceiling:
-    """The best measurement (its rate, bytes, unit, depth, method), with every measurement
-    taken in `samples` and the spread of the best configuration's repeats ((best - worst) /
-    best: how much the machine drifted between them)."""
-
-    bytes_per_s: float
-    bytes: int
-    seconds: float
-    files: int
-    unit: int
-    depth: int
-    method: str = RAW_METHOD
-    when: str = ""
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    spread: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def read_files(files: list[Path], unit: int = DEFAULT_UNIT, depth: int = DEFAULT_DEPTH,
@@ -149,38 +128,6 @@ def chunk_files(kv_dir: Path, limit_bytes: int) -> list[Path]:
         chosen.append(path)
         total += size
     return chosen
-
-
-def _config(sample: dict[str, Any]) -> tuple:
-    return sample.get("method"), sample.get("unit"), sample.get("depth")
-
-
-def best_of(measurements: Iterable[Ceiling | dict[str, Any]]) -> Ceiling | None:
-    """One ceiling from many: the fastest sample, every sample kept, the spread of its
-    configuration's repeats.
-
-    Accepts Ceilings or their dicts (a manifest's device_ceiling, with or without samples).
-    """
-    samples: list[dict[str, Any]] = []
-    files = 0
-    for m in measurements:
-        d = m.as_dict() if isinstance(m, Ceiling) else dict(m or {})
-        if not d.get("bytes_per_s"):
-            continue
-        files = max(files, int(d.get("files", 0)))
-        samples += d.get("samples") or [{k: d.get(k) for k in
-                                         ("method", "when", "unit", "depth", "bytes", "seconds",
-                                          "bytes_per_s")}]
-    samples = [s for s in samples if s.get("bytes_per_s")]
-    if not samples:
-        return None
-    best = max(samples, key=lambda s: s["bytes_per_s"])
-    same = [s["bytes_per_s"] for s in samples if _config(s) == _config(best)]
-    worst = min(same)  # the spread is of the winning configuration's repeats: the drift
-    return Ceiling(best["bytes_per_s"], int(best.get("bytes") or 0),
-                   float(best.get("seconds") or 0.0), files, int(best.get("unit") or 0),
-                   int(best.get("depth") or 0), best.get("method") or RAW_METHOD,
-                   best.get("when") or "", samples, (best["bytes_per_s"] - worst) / best["bytes_per_s"])
 
 
 def measure(kv_dir: Path, limit_bytes: int = SWEEP_LIMIT_BYTES, when: str = "before the first "

@@ -7,6 +7,7 @@ so everything they must agree on is defined here once: the layout and table sche
 format (`otlp_json`), the disk backend's counter names (`counters`), the chunk ledger's tiers
 and miss reasons (`chunk_outcomes`), the parts of vLLM and LMCache kvscope reaches
 (`upstream`), the clock (`clock`), the environment variables that carry the run to the server
-(`env`) and the manifest's host blocks (`host`); and how any of them writes and reads files on
+(`env`), the manifest's host blocks (`host`), the device ceiling's record (`ceiling`) and the
+parts profiles play in a study (`study_roles`); and how any of them writes and reads files on
 a shared host (`files`, `jsonfiles`). It imports nothing else of kvscope.
 """

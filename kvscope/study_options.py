@@ -7,10 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvscope.capture.workload.profiles import PEERS
-
-BASELINE = "kvscope-serial"
-CANDIDATE = "kvscope"
-CLASSIC = "kvscope-classic"  # the parallel path before issue 24, beside the new one
+from kvscope.contract.study_roles import BASELINE, CANDIDATE, CLASSIC
 
 
 @dataclass

@@ -132,6 +132,20 @@ def test_no_module_outside_the_installed_rooms_is_imported():
                    and b.rpartition(".")[0] not in modules()}) == []
 
 
+def test_the_study_makes_runs_and_leaves_reading_them_to_the_readers():
+    """kvscope/study.py plans, makes and records a study's runs and analyses each one as
+    `kvscope analyze` does; every table, verdict or line read from the finished runs is
+    analysis/study_*'s (docs/architecture.md), so a dashboard or CI reads a study without the
+    CLI. Reading runs into tables takes pandas and the readers' modules: the study uses neither."""
+    readers = {b for a, b in edges() if a == "kvscope.study" and side(b) == READER}
+    assert readers == {"kvscope.analysis.outputs"}
+    tree = ast.parse(modules()["kvscope.study"].read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "pandas" not in imported
+
+
 def _vocabularies() -> dict[str, frozenset[str]]:
     values = {k: v for k, v in vars(semconv).items() if k.isupper() and isinstance(v, str)}
     words = {

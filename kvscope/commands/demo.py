@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvscope import estimate, study, study_options
+    from kvscope.analysis import (study_peers, study_report, study_tables, study_targets,
+                                  study_verdict)
+    from kvscope.contract.study_roles import BASELINE, CANDIDATE
     from kvscope.capture.workload.server import ServerError
     from kvscope.capture.workload.system import HostError
 
@@ -68,22 +71,22 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, HostError, ServerError, FileExistsError) as e:
         print(f"kvscope demo: error: {e}", file=sys.stderr)
         return 2
-    table = study.headline(runs)
-    report = study.write_report(out, runs, table)
+    table = study_tables.headline(runs)
+    report = study_report.write_report(out, runs, table, {p: study.warm_group(p) for p in runs})
     print("\n" + table[HEADLINE_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("\n" + "\n".join(study.verdict(table, runs)))
-    if peers := study.peer_verdicts(table, study.peer_comparisons(runs)):
+    print("\n" + "\n".join(study_verdict.verdict(table, runs)))
+    if peers := study_peers.peer_verdicts(table, study_peers.peer_comparisons(runs)):
         print("\nkvscope against the other disk paths:\n" + "\n".join(peers))
-    targets = study.target_rows(runs, table)
+    targets = study_targets.target_rows(runs, table)
     if not targets.empty:
         print("\ntargets (read >= 0.95x ceiling, disk busy >= 90 %, TTFT p50 <= 1.2x floor):")
         print(targets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        print("\n".join(study.target_reasons(runs, targets)))
+        print("\n".join(study_targets.target_reasons(runs, targets)))
     print(f"\nreport:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "
           "or set OTEL_EXPORTER_OTLP_ENDPOINT=http://<jaeger>:4317 before the run (docs/tracing.md)")
-    print(f"gates:     .venv/bin/kvscope check {runs.get(study_options.CANDIDATE, 'RUN')} --against "
-          f"{runs.get(study_options.BASELINE, 'BASELINE_RUN')} --gates analysis/gates/seeds-g3.json")
+    print(f"gates:     .venv/bin/kvscope check {runs.get(CANDIDATE, 'RUN')} --against "
+          f"{runs.get(BASELINE, 'BASELINE_RUN')} --gates analysis/gates/seeds-g3.json")
     print(f"took:      {(time.monotonic() - started) / 60:.1f} min")
     return 0

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from kvscope import analysis, study
-from kvscope.analysis import outputs
+from kvscope.analysis import outputs, study_tables
 from kvscope.analysis.attribution import COMPONENTS
 from kvscope.capture.workload import profiles
 from kvscope.contract import rundir
@@ -60,5 +60,6 @@ def test_live_tiny_peers_are_traced_joined_and_attributed(tmp_path, free_port):
         looked = ledger[ledger["request_id"].isin(cold_rows["request_id"])]
         assert set(looked["request_id"]) == set(cold_rows["request_id"]), peer
         assert (looked["tier"] == "disk").all(), (peer, looked["tier"].value_counts())
-    table = study.headline(runs)
-    assert set(table["bound"]) <= {study.DEVICE_BOUND, study.READ_PATH_BOUND, study.CPU_BOUND}
+    table = study_tables.headline(runs)
+    assert set(table["bound"]) <= {study_tables.DEVICE_BOUND, study_tables.READ_PATH_BOUND,
+                                   study_tables.CPU_BOUND}

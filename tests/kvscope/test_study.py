@@ -9,11 +9,11 @@ import re
 import pytest
 
 from kvscope.contract.env import ENV_FP32_GEMM
-from kvscope.analysis import outputs
+from kvscope.analysis import (outputs, study_peers, study_report, study_tables, study_targets,
+                              study_verdict)
 from kvscope.testkit import synthetic
 from kvscope import study, study_options
-from kvscope.capture import ceiling
-from kvscope.contract import rundir
+from kvscope.contract import ceiling, rundir, study_roles
 
 
 def describe(run) -> None:
@@ -25,11 +25,17 @@ def describe(run) -> None:
     rundir.update_manifest(run, "machine", {"hostname": "h", "cpus": 2, "disk_device": "vda"})
 
 
+def study_md(study_dir, runs, table) -> str:
+    """study.md as `kvscope demo` writes it: each profile's warm group from the study."""
+    groups = {profile: study.warm_group(profile) for profile in runs}
+    return study_report.write_report(study_dir, runs, table, groups).read_text()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("study")
     made = {}
-    for seed, profile in enumerate((study_options.BASELINE, study_options.CANDIDATE)):
+    for seed, profile in enumerate((study_roles.BASELINE, study_roles.CANDIDATE)):
         run = synthetic.make_run(base / profile, n_requests=40, seed=seed, phases=("cold",))
         rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 4e9})
         describe(run)
@@ -39,11 +45,11 @@ def runs(tmp_path_factory):
 
 
 def test_headline_has_one_row_per_profile_and_cold_phase(runs):
-    table = study.headline(runs)
+    table = study_tables.headline(runs)
     assert sorted(table["profile"]) == sorted(runs)
     assert (table["ceiling_GBps"] == 4.0).all()
-    serial = table[table["profile"] == study_options.BASELINE].iloc[0]
-    parallel = table[table["profile"] == study_options.CANDIDATE].iloc[0]
+    serial = table[table["profile"] == study_roles.BASELINE].iloc[0]
+    parallel = table[table["profile"] == study_roles.CANDIDATE].iloc[0]
     assert serial["speedup_vs_serial"] == 1.0
     assert parallel["speedup_vs_serial"] == pytest.approx(
         serial["ttft_p50_s"] / parallel["ttft_p50_s"])
@@ -52,10 +58,10 @@ def test_headline_has_one_row_per_profile_and_cold_phase(runs):
 
 
 def test_verdict_and_report_name_the_limit(runs, tmp_path):
-    table = study.headline(runs)
-    lines = study.verdict(table)
+    table = study_tables.headline(runs)
+    lines = study_verdict.verdict(table)
     assert len(lines) == 1 and lines[0].startswith("c=")
-    report = study.write_report(tmp_path, runs, table).read_text()
+    report = study_md(tmp_path, runs, table)
     assert "## Headline" in report and "## Serial vs parallel" in report
     assert lines[0] in report
 
@@ -70,7 +76,7 @@ def three_runs(tmp_path):
     """Three synthetic runs on one disk whose own ceilings differ (as the issue's 3.21, 4.14
     and 4.44 GB/s), one measured again after its last cold phase."""
     made = {}
-    for seed, (profile, rate) in enumerate(((study_options.BASELINE, 3.21e9), (study_options.CANDIDATE, 4.14e9),
+    for seed, (profile, rate) in enumerate(((study_roles.BASELINE, 3.21e9), (study_roles.CANDIDATE, 4.14e9),
                                             ("stock", 4.44e9))):
         run = synthetic.make_run(tmp_path / profile, n_requests=24, seed=seed, phases=("cold",))
         rundir.update_manifest(run, "device_ceiling", _ceiling(rate))
@@ -90,9 +96,9 @@ def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_ru
     for run in three_runs.values():
         outputs.analyze(run, plots=False)
         assert rundir.read_manifest(run)["study"]["device_ceiling"]["bytes_per_s"] == 4.5e9
-    table = study.headline(three_runs)
+    table = study_tables.headline(three_runs)
     assert (table["ceiling_GBps"] == 4.5).all()
-    lines = study.ceiling_lines(three_runs)
+    lines = study_report.ceiling_lines(three_runs)
     assert len(lines) == 1 and "best of 4 measurements" in lines[0] and "spread 29%" in lines[0]
     other = ceiling.best_of([best, {**_ceiling(1e9), "unit": 1 << 20, "depth": 16}])
     assert other.bytes_per_s == 4.5e9 and other.spread == pytest.approx((4.5 - 3.21) / 4.5)
@@ -108,12 +114,12 @@ def test_the_disk_read_with_every_cpu_busy_scales_the_ceiling_into_a_second_bar(
     for run in three_runs.values():
         assert rundir.read_manifest(run)["study"]["device_busy_ratio"] == busy
         outputs.analyze(run, plots=False)
-    table = study.headline(three_runs)
+    table = study_tables.headline(three_runs)
     expected = (table["read_GBps"] / (table["ceiling_GBps"] * 0.5)).clip(upper=1.0)
     assert table["read_vs_busy_ceiling"].to_numpy() == pytest.approx(expected.to_numpy())
     assert (table["read_vs_busy_ceiling"] > table["read_vs_ceiling"]).all()
     study.record(tmp_path, three_runs, steps, {})  # no busy measurement: no second bar
-    assert study.headline(three_runs)["read_vs_busy_ceiling"].isna().all()
+    assert study_tables.headline(three_runs)["read_vs_busy_ceiling"].isna().all()
 
 
 def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(three_runs, tmp_path):
@@ -124,11 +130,11 @@ def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(thr
             **rundir.read_manifest(run)["study"], "device_ceiling": _ceiling(1e6)})
         summary = outputs.analyze(run, plots=False)[1]
         assert "device-saturated" not in {f["id"] for f in summary["findings"]}
-    table = study.headline(three_runs)
+    table = study_tables.headline(three_runs)
     assert (table["read_vs_ceiling"] == 1.0).all() and (table["ceiling_under_by"] > 0).all()
-    line = study.verdict(table)[0]
+    line = study_verdict.verdict(table)[0]
     assert "the ceiling was under-measured by at least" in line
-    report = study.write_report(tmp_path, three_runs, table).read_text()
+    report = study_md(tmp_path, three_runs, table)
     said = re.sub(r"under-measured by at least \d+ ?%", "", report.split("## What limits")[1])
     percents = [int(p) for p in re.findall(r"(\d+) ?%", said)]
     assert percents and max(percents) <= 100, said
@@ -137,8 +143,8 @@ def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(thr
 def test_the_stock_run_warms_for_the_whole_study(tmp_path):
     opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
     steps = study.plan(opts)
-    assert [s.profile for s in steps] == ["stock", study_options.BASELINE, study_options.CLASSIC,
-                                          study_options.CANDIDATE, "raw-block-posix",
+    assert [s.profile for s in steps] == ["stock", study_roles.BASELINE, study_roles.CLASSIC,
+                                          study_roles.CANDIDATE, "raw-block-posix",
                                           "raw-block-io_uring", "fs"]
     stock, serial, classic, parallel, posix, uring, fs = steps
     kvscope = (serial, classic, parallel)
@@ -155,8 +161,8 @@ def test_the_stock_run_warms_for_the_whole_study(tmp_path):
         assert step.phases == ["cold"] and step.warm_from == "stock" and not step.peer_copies
     assert len({stock.kv_dir, stock.copy_dir, *stock.peer_copies.values()}) == 4
     assert study.warm_group("stock") is None
-    assert (study.warm_group(study_options.BASELINE) == study.warm_group(study_options.CLASSIC)
-            == study.warm_group(study_options.CANDIDATE) is not None)
+    assert (study.warm_group(study_roles.BASELINE) == study.warm_group(study_roles.CLASSIC)
+            == study.warm_group(study_roles.CANDIDATE) is not None)
     apart = study.plan(study_options.StudyOptions(out=tmp_path / "s", share_warm=False))
     assert all(s.phases == ["warm", "cold"] and s.copy_dir is None for s in apart)
     assert [s.profile for s in apart] == opts.profiles
@@ -164,10 +170,10 @@ def test_the_stock_run_warms_for_the_whole_study(tmp_path):
 
 def test_without_a_stock_profile_the_first_of_a_chunk_format_warms(tmp_path):
     opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv",
-                              profiles=[study_options.BASELINE, study_options.CANDIDATE])
+                              profiles=[study_roles.BASELINE, study_roles.CANDIDATE])
     serial, parallel = study.plan(opts)
     assert serial.phases == ["warm", "cold"] and serial.copy_dir is None
-    assert parallel.phases == ["cold"] and parallel.warm_from == study_options.BASELINE
+    assert parallel.phases == ["cold"] and parallel.warm_from == study_roles.BASELINE
     assert parallel.kv_dir == serial.kv_dir
 
 
@@ -181,11 +187,11 @@ def test_the_copy_tier_is_write_only_and_after_stocks_own(tmp_path):
     extra = config["extra_config"]
     assert extra["kvscope.path"] == str(tmp_path / "b") and extra["kvscope.write_only"] is True
     with pytest.raises(ValueError):
-        profiles.with_kvscope_copy(profiles.get(study_options.BASELINE).lmcache_config(tmp_path), tmp_path)
+        profiles.with_kvscope_copy(profiles.get(study_roles.BASELINE).lmcache_config(tmp_path), tmp_path)
 
 
 def test_headline_throughput_columns_are_the_phase_rates(runs):
-    table = study.headline(runs).set_index("profile")
+    table = study_tables.headline(runs).set_index("profile")
     for profile, run in runs.items():
         requests = rundir.read_table(run, "requests")
         ok = requests[requests["status"] == "ok"]
@@ -193,11 +199,11 @@ def test_headline_throughput_columns_are_the_phase_rates(runs):
         assert table.loc[profile, "req_per_s"] == pytest.approx(len(ok) / wall_s, rel=1e-12)
         assert table.loc[profile, "out_tok_per_s"] == pytest.approx(
             ok["output_tokens"].clip(lower=0).sum() / wall_s, rel=1e-12)
-    rates = study.throughput_comparisons(runs).set_index("metric")
+    rates = study_tables.throughput_comparisons(runs).set_index("metric")
     r = rates.loc["requests_per_s"]
-    assert r["ratio"] == pytest.approx(table.loc[study_options.CANDIDATE, "req_per_s"]
-                                       / table.loc[study_options.BASELINE, "req_per_s"])
-    assert table.loc[study_options.CANDIDATE, "throughput_vs_serial"] == pytest.approx(r["ratio"])
+    assert r["ratio"] == pytest.approx(table.loc[study_roles.CANDIDATE, "req_per_s"]
+                                       / table.loc[study_roles.BASELINE, "req_per_s"])
+    assert table.loc[study_roles.CANDIDATE, "throughput_vs_serial"] == pytest.approx(r["ratio"])
 
 
 @pytest.mark.live
@@ -211,18 +217,18 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
 
     requests, prompt_tokens, chunks_per_prompt = 4, 600, 2  # two full 256-token chunks each
     opts = study_options.StudyOptions(out=tmp_path / "study", model="tiny",
-                              profiles=[study_options.BASELINE, "stock"], requests=requests,
+                              profiles=[study_roles.BASELINE, "stock"], requests=requests,
                               concurrency=[2], prompt_tokens=prompt_tokens, port=free_port,
                               kv_dir_base=tmp_path / "kv")
     runs = study.run_study(opts)
-    assert list(runs) == [study_options.BASELINE, "stock"]  # the order asked for, not the run order
+    assert list(runs) == [study_roles.BASELINE, "stock"]  # the order asked for, not the run order
     from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
     for run in runs.values():  # bf16 layers in fp32 exactly where oneDNN has no bf16 matmul
         assert rundir.read_manifest(run)["server"]["env"][ENV_FP32_GEMM] == "1"
         applied = "bf16 linear layers compute in fp32" in (run / "server.log").read_text()
         assert applied == fp32_gemm.onednn_lacks_bf16()
-    serial, stock = (rundir.read_manifest(runs[p]) for p in (study_options.BASELINE, "stock"))
+    serial, stock = (rundir.read_manifest(runs[p]) for p in (study_roles.BASELINE, "stock"))
     assert [p["name"] for p in stock["phases"]] == ["warm", "cold"]
     assert [p["name"] for p in serial["phases"]] == ["cold"]  # no warm phase of its own
     assert serial["study"]["warm_phase_from"] == "stock"
@@ -253,7 +259,7 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
     assert {s["when"] for s in best["samples"]} == {"before the first cold phase",
                                                     "after the last cold phase"}
     assert not (tmp_path / "kv").exists() or not any((tmp_path / "kv").iterdir())
-    table = study.headline(runs)
+    table = study_tables.headline(runs)
     assert (table["req_per_s"] > 0).all() and (table["storage_tok_per_s"] > 0).all()
 
 
@@ -281,19 +287,19 @@ def test_peer_formats_are_written_by_tiers_after_stocks_own(tmp_path):
 
 
 def test_peer_verdicts_follow_the_ci_and_name_what_to_shrink(runs):
-    compared = study.peer_comparisons(runs)
-    assert list(compared["profile"]) == [study_options.BASELINE]  # every other run vs kvscope
+    compared = study_peers.peer_comparisons(runs)
+    assert list(compared["profile"]) == [study_roles.BASELINE]  # every other run vs kvscope
     row = compared.iloc[0]
-    table = study.headline(runs)
+    table = study_tables.headline(runs)
     p50 = table.set_index("profile")["ttft_p50_s"]
-    assert row["ttft_ratio"] == pytest.approx(p50[study_options.BASELINE]
-                                              / p50[study_options.CANDIDATE], rel=1e-6)
+    assert row["ttft_ratio"] == pytest.approx(p50[study_roles.BASELINE]
+                                              / p50[study_roles.CANDIDATE], rel=1e-6)
     assert row["ttft_lo"] <= row["ttft_ratio"] <= row["ttft_hi"]
-    [line] = study.peer_verdicts(table, compared)
+    [line] = study_peers.peer_verdicts(table, compared)
     standing = ("ahead" if row["ttft_lo"] > 1 else "behind" if row["ttft_hi"] < 1 else "level")
     assert f"kvscope {standing}" in line
     assert ("to pass it" in line) == (standing == "behind")
-    assert study.bound(table.iloc[0]) in line
+    assert study_tables.bound(table.iloc[0]) in line
 
 
 def test_each_missed_target_says_why_from_the_runs_own_analysis(tmp_path):
@@ -301,17 +307,17 @@ def test_each_missed_target_says_why_from_the_runs_own_analysis(tmp_path):
     run's own figures (its read_path row and the p50s of its TTFT parts), and only for what
     it missed."""
     runs = {}
-    for seed, profile in enumerate((study_options.CLASSIC, study_options.CANDIDATE)):
+    for seed, profile in enumerate((study_roles.CLASSIC, study_roles.CANDIDATE)):
         run = synthetic.make_run(tmp_path / profile, n_requests=32, seed=seed, concurrency=8,
                                  phases=("cold-c8",))
         rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 4e9})
         describe(run)
         outputs.analyze(run, plots=False)
         runs[profile] = run
-    table = study.headline(runs)
-    targets = study.target_rows(runs, table)
+    table = study_tables.headline(runs)
+    targets = study_targets.target_rows(runs, table)
     assert sorted(targets["profile"]) == sorted(runs) and (targets["phase"] == "cold-c8").all()
-    lines = study.target_reasons(runs, targets)
+    lines = study_targets.target_reasons(runs, targets)
     for row, line in zip(targets.to_dict("records"), lines):
         summary = json.loads((runs[row["profile"]] / "summary.json").read_text())
         reads = next(r for r in summary["read_path"] if r["phase"] == "cold-c8")
@@ -319,16 +325,16 @@ def test_each_missed_target_says_why_from_the_runs_own_analysis(tmp_path):
         missed_read = "x the ceiling while reading" in line
         missed_busy = ": the disk was idle" in line
         missed_ttft = "x the floor (" in line
-        assert missed_read == (row["read_vs_ceiling"] < study.TARGET_READ)
-        assert missed_busy == (row["disk_busy_share"] < study.TARGET_BUSY)
-        assert missed_ttft == (row["ttft_vs_floor"] > study.TARGET_TTFT)
+        assert missed_read == (row["read_vs_ceiling"] < study_targets.TARGET_READ)
+        assert missed_busy == (row["disk_busy_share"] < study_targets.TARGET_BUSY)
+        assert missed_ttft == (row["ttft_vs_floor"] > study_targets.TARGET_TTFT)
         if missed_busy:
             assert f"idle {reads['idle_s']:.2f} s of the {reads['read_span_s']:.2f} s" in line
             assert f"{reads['idle_unasked_s']:.2f} s of it with no request waiting" in line
         if missed_ttft:
             p50 = outputs.load_attribution(runs[row["profile"]])["transfer_ns"].median() / 1e9
             assert f"transfer {p50:.2f} s" in line
-    report = study.write_report(tmp_path, runs, table).read_text()
+    report = study_md(tmp_path, runs, table)
     assert all(f"- {line}" in report for line in lines)
 
 
@@ -336,7 +342,7 @@ def test_a_stray_read_of_another_thread_does_not_stretch_the_read_span(tmp_path)
     """One block read by a thread that is not a reader (another process, a page-in), 3 s after
     the phase's last read: the headline's busy share and read rate stay those of the read
     path's own reads, where counting every block read would have stretched the span."""
-    run = synthetic.make_run(tmp_path / study_options.CANDIDATE, n_requests=16, seed=3,
+    run = synthetic.make_run(tmp_path / study_roles.CANDIDATE, n_requests=16, seed=3,
                              concurrency=4, phases=("cold-c4",))
     rundir.update_manifest(run, "device_ceiling", {"bytes_per_s": 4e9})
     describe(run)
@@ -351,6 +357,6 @@ def test_a_stray_read_of_another_thread_does_not_stretch_the_read_span(tmp_path)
     own = next(r for r in summary["read_path"] if r["phase"] == "cold-c4")
     every = next(r for r in summary["read_bandwidth"] if r["phase"] == "cold-c4")
     assert every["wall_s"] > own["read_span_s"] + 2.9  # the stray stretched the phase's span
-    row = study.headline({study_options.CANDIDATE: run}).iloc[0]
+    row = study_tables.headline({study_roles.CANDIDATE: run}).iloc[0]
     assert row["disk_busy_share"] == pytest.approx(own["busy_s"] / own["read_span_s"])
     assert row["read_GBps"] == pytest.approx(own["busy_bytes_per_s"] / 1e9)
