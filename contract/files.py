@@ -43,6 +43,17 @@ class UnsafePath(ValueError):
     """A path that another user controls or could swap, or that is not what it must be."""
 
 
+class _EveryOwner(frozenset[int]):
+    """Every uid, as `owners` of a read: for a file the user named themselves (a trace
+    `kvscope import` reads), whose owner does not matter but whose kind and size do."""
+
+    def __contains__(self, uid: object) -> bool:
+        return True
+
+
+ANY_OWNER: frozenset[int] = _EveryOwner()
+
+
 def trusted_owners() -> frozenset[int]:
     """The owners a process may rely on: its own user and root, and under sudo the user who
     ran sudo (SUDO_UID), who may become root anyway and for whom `sudo kvscope record`
@@ -69,6 +80,8 @@ def _describe(st: os.stat_result) -> str:
 
 
 def _owners(owners: Iterable[int] | None) -> frozenset[int]:
+    if isinstance(owners, frozenset):
+        return owners  # ANY_OWNER stays itself
     return trusted_owners() if owners is None else frozenset(owners)
 
 
@@ -362,7 +375,7 @@ def open_trusted(path: str | os.PathLike[str], max_bytes: int,
                  owners: Iterable[int] | None = None) -> Iterator[IO[bytes]]:
     """`path` open for reading, if it is a regular file (not a link, a FIFO or a device) of one
     of `owners` (default `trusted_owners()`) and at most `max_bytes` long; else UnsafePath."""
-    allowed = frozenset(trusted_owners() if owners is None else owners)
+    allowed = _owners(owners)
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError as exc:
