@@ -35,10 +35,23 @@ PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 OUTPUT_FILE_MODE = 0o644  # a file the user named (an export, a report): as readable as their own
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_WALK_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS = 40  # links followed in one walk: the kernel's own limit for one lookup
 
 
 class UnsafePath(ValueError):
     """A path that another user controls or could swap, or that is not what it must be."""
+
+
+class _EveryOwner(frozenset[int]):
+    """Every uid, as `owners` of a read: for a file the user named themselves (a trace
+    `kvscope import` reads), whose owner does not matter but whose kind and size do."""
+
+    def __contains__(self, uid: object) -> bool:
+        return True
+
+
+ANY_OWNER: frozenset[int] = _EveryOwner()
 
 
 def trusted_owners() -> frozenset[int]:
@@ -67,6 +80,8 @@ def _describe(st: os.stat_result) -> str:
 
 
 def _owners(owners: Iterable[int] | None) -> frozenset[int]:
+    if isinstance(owners, frozenset):
+        return owners  # ANY_OWNER stays itself
     return trusted_owners() if owners is None else frozenset(owners)
 
 
@@ -85,26 +100,43 @@ def check_ancestors(path: str | os.PathLike[str], owners: Iterable[int] | None =
             st = os.lstat(link)
         except OSError:
             continue
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in allowed:
-            raise UnsafePath(
-                f"{path}: its parent {link} is a symbolic link of uid {st.st_uid}, who could "
-                f"point it elsewhere; name the real directory ({os.path.realpath(link)}) "
-                f"after checking who owns it")
+        _refuse(_link_problem(path, link, st, allowed))
     for ancestor in {*absolute.parents, *Path(os.path.realpath(absolute)).parents}:
         try:
             st = os.stat(ancestor)
         except OSError:
             continue
-        if st.st_uid not in allowed:
-            raise UnsafePath(
-                f"{path}: its parent {ancestor} is owned by uid {st.st_uid} ({_describe(st)}), "
+        _refuse(_ancestor_problem(path, ancestor, st, allowed))
+
+
+def _refuse(problem: str | None) -> None:
+    if problem is not None:
+        raise UnsafePath(problem)
+
+
+def _link_problem(path: str | os.PathLike[str], link: Path, st: os.stat_result,
+                  owners: frozenset[int]) -> str | None:
+    """Why `link`, above `path`, may not be followed: a link of someone else, who could point
+    it elsewhere at any time."""
+    if not stat.S_ISLNK(st.st_mode) or st.st_uid in owners:
+        return None
+    return (f"{path}: its parent {link} is a symbolic link of uid {st.st_uid}, who could "
+            f"point it elsewhere; name the real directory ({os.path.realpath(link)}) "
+            f"after checking who owns it")
+
+
+def _ancestor_problem(path: str | os.PathLike[str], ancestor: Path, st: os.stat_result,
+                      owners: frozenset[int]) -> str | None:
+    """Why directory `ancestor` of `path` lets someone else swap what lies below it."""
+    if st.st_uid not in owners:
+        return (f"{path}: its parent {ancestor} is owned by uid {st.st_uid} ({_describe(st)}), "
                 f"who could swap what lies below it; use a directory under one owned by "
-                f"{_whose(allowed)}")
-        if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise UnsafePath(
-                f"{path}: its parent {ancestor} is writable by other users and not sticky "
+                f"{_whose(owners)}")
+    if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (f"{path}: its parent {ancestor} is writable by other users and not sticky "
                 f"({_describe(st)}), so they could replace what lies below it; "
                 f"`chmod o-w,g-w {ancestor}` or use another directory")
+    return None
 
 
 def check_private_dir(path: str | os.PathLike[str], owners: Iterable[int] | None = None) -> None:
@@ -115,22 +147,26 @@ def check_private_dir(path: str | os.PathLike[str], owners: Iterable[int] | None
         st = os.lstat(path)
     except OSError as exc:
         raise UnsafePath(f"{path}: {exc.strerror}; create it or name another directory") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafePath(f"{path} is a symbolic link (to {os.path.realpath(path)}); name the "
-                         f"real directory after checking who owns it")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePath(f"{path} is not a directory")
-    if st.st_uid not in allowed:
-        raise UnsafePath(
-            f"{path} is owned by uid {st.st_uid}, another user (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}), who could read or plant files there; use a "
-            f"directory of your own ({_whose(allowed)})")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o022:
-        raise UnsafePath(
-            f"{path} has mode {mode:04o} (group/world-writable): other users could plant or "
-            f"swap files there; run `chmod 700 {path}` or use another directory")
+    _refuse(_private_problem(path, st, allowed))
     check_ancestors(path, allowed)
+
+
+def _private_problem(path: str | os.PathLike[str], st: os.stat_result,
+                     owners: frozenset[int]) -> str | None:
+    """Why `path` (of status `st`, not followed if a link) is no private directory."""
+    if stat.S_ISLNK(st.st_mode):
+        return (f"{path} is a symbolic link (to {os.path.realpath(path)}); name the real "
+                f"directory after checking who owns it")
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in owners:
+        return (f"{path} is owned by uid {st.st_uid}, another user (mode {mode:04o}), who could "
+                f"read or plant files there; use a directory of your own ({_whose(owners)})")
+    if mode & 0o022:
+        return (f"{path} has mode {mode:04o} (group/world-writable): other users could plant or "
+                f"swap files there; run `chmod 700 {path}` or use another directory")
+    return None
 
 
 def missing_parts(path: str | os.PathLike[str]) -> list[Path]:
@@ -145,22 +181,134 @@ def missing_parts(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def private_dir(path: str | os.PathLike[str]) -> Path:
-    """`path`, created 0700 with any missing parents, after `check_private_dir`. The existing
-    ancestors are checked before anything is created, so nothing is made through a link or
-    in a directory another user controls."""
+    """`path`, created 0700 with any missing parents, passing `check_private_dir`.
+
+    The path is walked from / one directory descriptor at a time (`_DirWalk`): each part is
+    opened without following a link and checked by fstat of what was opened, each missing part
+    made in the descriptor of its checked parent. A part swapped for a link or another user's
+    directory after a check is never walked through: nothing is made through it."""
     target = Path(os.path.abspath(path))
-    check_ancestors(target)
-    for directory in missing_parts(target):
-        try:
-            os.mkdir(directory, PRIVATE_DIR_MODE)
-        except FileExistsError:
-            continue  # made meanwhile by someone: checked below like any existing directory
-        except OSError as exc:
-            raise UnsafePath(f"{target} is not writable ({exc.strerror} creating {directory}); "
-                             f"name a directory you can write") from None
-        os.chmod(directory, PRIVATE_DIR_MODE)  # a umask may take the owner's bits too
-    check_private_dir(target)
+    walk = _DirWalk(target, trusted_owners())
+    fd, where = walk.root()
+    for name in target.parts[1:-1]:
+        fd, where = walk.descend(fd, where, name, create=True)
+    walk.last(fd, target.name)
     return target
+
+
+class _DirWalk:
+    """One lookup of a directory `target`, part by part, through directory descriptors, with
+    the checks of `check_ancestors` on every directory passed and of `check_private_dir` on
+    the last: so what is checked is what is used, at no moment a path looked up again.
+
+    Parts are opened O_PATH (search permission on the parent suffices, as for a lookup by
+    path) and O_NOFOLLOW: a link is opened itself and followed only when its owner is one of
+    `owners` (who chose where it points), its target walked the same way; nothing is made
+    below a link but the parts of `target` itself."""
+
+    def __init__(self, target: Path, owners: frozenset[int]) -> None:
+        self.target, self.owners, self.links = target, owners, 0
+
+    def root(self) -> tuple[int, Path]:
+        """A descriptor of / (checked) and its path."""
+        fd = os.open("/", _WALK_FLAGS | os.O_DIRECTORY)
+        return self._checked_dir(fd, Path("/")), Path("/")
+
+    def descend(self, parent: int, where: Path, name: str, create: bool) -> tuple[int, Path]:
+        """(a descriptor of the directory `name` in `parent` (at `where`), its path), a link
+        followed, the part made 0700 if missing and `create`; `parent` is closed."""
+        try:
+            if name == "..":
+                return self._checked_dir(self._open(parent, name, where), where.parent), \
+                    where.parent
+            path = where / name
+            fd = self._open(parent, name, path, create)
+            st = os.fstat(fd)
+            if not stat.S_ISLNK(st.st_mode):
+                return self._checked_dir(fd, path, st), path
+            try:
+                return self._follow(parent, where, fd, st, path)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(parent)
+
+    def last(self, parent: int, name: str) -> None:
+        """Open (making it if missing) and check the target itself, `name` in `parent` ("" for
+        /, `parent` itself); `parent` is closed."""
+        try:
+            fd = self._open(parent, name, self.target, create=True) if name else os.dup(parent)
+        finally:
+            os.close(parent)
+        try:
+            _refuse(_private_problem(self.target, os.fstat(fd), self.owners))
+        finally:
+            os.close(fd)
+
+    def _open(self, parent: int, name: str, path: Path, create: bool = False) -> int:
+        """What lies at `name` in `parent`, not followed if a link; a missing part made first
+        when `create` (and when someone made it meanwhile, what they made, checked like any)."""
+        try:
+            return os.open(name, _WALK_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise self._unwritable(errno.ENOENT, path) from None
+        except OSError as exc:
+            raise self._unwritable(exc.errno, path) from None
+        try:
+            os.mkdir(name, PRIVATE_DIR_MODE, dir_fd=parent)
+        except FileExistsError:
+            return self._open(parent, name, path)
+        except OSError as exc:
+            raise self._unwritable(exc.errno, path) from None
+        return self._made(parent, name, path)
+
+    def _made(self, parent: int, name: str, path: Path) -> int:
+        """The directory this process just made at `name`, given mode 0700 through its own
+        descriptor (a umask may take the owner's bits too)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+        except OSError as exc:
+            raise self._unwritable(exc.errno, path) from None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid():
+                os.fchmod(fd, PRIVATE_DIR_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _follow(self, parent: int, where: Path, link: int, st: os.stat_result,
+                path: Path) -> tuple[int, Path]:
+        """The directory the link `link` (at `path`, in `parent` at `where`) points to, if the
+        link is one of `owners`; its target walked part by part, nothing made."""
+        _refuse(_link_problem(self.target, path, st, self.owners))
+        self.links += 1
+        if self.links > _MAX_LINKS:
+            raise self._unwritable(errno.ELOOP, path)
+        pointed = Path(os.readlink("", dir_fd=link))  # the link opened, not one looked up again
+        fd, at = self.root() if pointed.is_absolute() else (os.dup(parent), where)
+        for name in pointed.parts[1 if pointed.is_absolute() else 0:]:
+            fd, at = self.descend(fd, at, name, create=False)
+        return fd, at
+
+    def _checked_dir(self, fd: int, path: Path, st: os.stat_result | None = None) -> int:
+        """`fd` if it is a directory passing the ancestors' rule; else closed, UnsafePath."""
+        try:
+            st = os.fstat(fd) if st is None else st
+            if not stat.S_ISDIR(st.st_mode):
+                raise self._unwritable(errno.ENOTDIR, path)
+            _refuse(_ancestor_problem(self.target, path, st, self.owners))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _unwritable(self, code: int | None, path: Path) -> UnsafePath:
+        return UnsafePath(f"{self.target} is not writable ({os.strerror(code or errno.EIO)} "
+                          f"creating {path}); name a directory you can write")
 
 
 def hand_over(path: str | os.PathLike[str], uid: int, gid: int) -> None:
@@ -227,7 +375,7 @@ def open_trusted(path: str | os.PathLike[str], max_bytes: int,
                  owners: Iterable[int] | None = None) -> Iterator[IO[bytes]]:
     """`path` open for reading, if it is a regular file (not a link, a FIFO or a device) of one
     of `owners` (default `trusted_owners()`) and at most `max_bytes` long; else UnsafePath."""
-    allowed = frozenset(trusted_owners() if owners is None else owners)
+    allowed = _owners(owners)
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError as exc:

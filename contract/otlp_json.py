@@ -40,6 +40,10 @@ from kvscope.contract import semconv
 Request = trace_service_pb2.ExportTraceServiceRequest
 TRACE_ID_BYTES = 16
 SPAN_ID_BYTES = 8
+# kvscope's tables hold span times as int64 nanoseconds (OTLP's fixed64 goes on to 2^64-1): a
+# later time is refused where a document is read, not met as an overflow in analysis.
+MAX_TIME_NS = 2**63 - 1
+INT64_RANGE = range(-2**63, 2**63)  # OTLP's intValue
 # The id fields of a span and of a link (hex in OTLP/JSON), with their sizes; parentSpanId is
 # the only optional one.
 SPAN_IDS = {"traceId": TRACE_ID_BYTES, "spanId": SPAN_ID_BYTES, "parentSpanId": SPAN_ID_BYTES}
@@ -162,12 +166,10 @@ def decode_attribute(key: str, value: Any) -> Any:
 
 
 def _scalar(kind: type, value: Any) -> Any:
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+    if kind is int:
+        return _int64(value)
+    if isinstance(value, kind):
         return value
-    if kind is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if kind is int and isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
-        return int(value)
     if kind is float and isinstance(value, (int, str)) and not isinstance(value, bool):
         return float(value)
     if kind is bool and value in ("true", "false"):
@@ -175,9 +177,23 @@ def _scalar(kind: type, value: Any) -> Any:
     raise ValueError(value)
 
 
+def _int64(value: Any) -> int:
+    """`value` as an OTLP intValue: an int, an integral float or a decimal string, in range."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        value = int(value)  # ValueError past Python's digits limit, as for any bad value
+    if isinstance(value, bool) or not isinstance(value, int) or value not in INT64_RANGE:
+        raise ValueError(value)
+    return value
+
+
 def _describe(declared: semconv.ValueType) -> str:
-    name = {str: "string", int: "integer", float: "number", bool: "boolean"}[declared.scalar]
-    return f"an array of {name}s" if declared.array else f"a {name}"
+    if declared.array:
+        name = {str: "string", int: "integer", float: "number", bool: "boolean"}[declared.scalar]
+        return f"an array of {name}s"
+    return {str: "a string", int: "an integer (int64)", float: "a number",
+            bool: "a boolean"}[declared.scalar]
 
 
 def _has_type(value: common_pb2.AnyValue, declared: semconv.ValueType) -> bool:
@@ -296,8 +312,17 @@ def decode(document: Any) -> Request:
                 span_where = f"{scope_where}.spans[{k}]"
                 span_target = scope_target.spans.add()
                 _parse(_span_with_base64_ids(span, span_where), span_target, span_where)
+                _check_times(span_target, span_where)
                 restore_types(span_target.attributes, f"{span_where} ({span_target.name!r})")
     return request
+
+
+def _check_times(span: trace_pb2.Span, where: str) -> None:
+    for field, value in (("startTimeUnixNano", span.start_time_unix_nano),
+                         ("endTimeUnixNano", span.end_time_unix_nano)):
+        if value > MAX_TIME_NS:
+            raise OtlpJsonError(f"{where}.{field}: {value} is later than kvscope's times reach "
+                                f"({MAX_TIME_NS} ns after 1970, in the year 2262)")
 
 
 def _items(container: Any, key: str, where: str) -> list[Any]:
@@ -358,6 +383,9 @@ def _parse(item: dict[str, Any], target: Any, where: str) -> None:
         json_format.ParseDict(item, target, ignore_unknown_fields=True)
     except json_format.ParseError as e:
         raise OtlpJsonError(_parse_reason(str(e), where)) from None
+    except OverflowError:  # protobuf's enum conversion meets infinity uncaught
+        raise OtlpJsonError(f"{where}: an infinite number (or one of too many digits) where "
+                            "an enum belongs (kind, status.code)") from None
     except RecursionError:
         raise OtlpJsonError(f"{where}: values nested too deeply") from None
 

@@ -7,24 +7,39 @@ them, or `{"data": [...]}` from `/api/traces`); and the answers of Jaeger's OTLP
 (`{"result": {"resourceSpans"}}`, possibly several objects in a row). OTLP is read by
 contract.otlp_json, Jaeger's form by `jaeger`; both restore kvscope's attribute types. Every
 problem is one line naming the file and the field.
+
+A file is read only if it is a regular file (a FIFO or a device is refused, never waited on or
+read without end) of at most MAX_DOCUMENT_BYTES, and so is an answer of `--url`.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 from kvscope.capture.trace_import import jaeger
-from kvscope.contract import otlp_json
+from kvscope.contract import files, otlp_json
 from kvscope.tracer.config import STATS_DIR
 
+# One file or answer: the Collector's file exporter rotates at 100 MB by default, and parsed
+# JSON takes about ten times its text in memory.
+MAX_DOCUMENT_BYTES = 256 << 20
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 EXPECTED = ("OTLP JSON, OTLP JSON lines (the Collector's file exporter), Jaeger JSON (UI "
             "download or /api/traces) or a Jaeger /api/v3/traces answer")
 
 
 class TraceImportError(ValueError):
-    """A trace file or answer kvscope cannot import; the message names it and says why."""
+    """A trace file or answer kvscope cannot import; the message names it and says why, on one
+    line: a control character it quotes from the document (a newline in a key, a terminal
+    escape) is shown escaped."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_CONTROL.sub(lambda found: repr(found.group())[1:-1], message))
 
 
 def read(path: Path) -> list[otlp_json.Request]:
@@ -52,15 +67,29 @@ def read_text(text: str, source: str) -> list[otlp_json.Request]:
 
 def _text(file: Path) -> str:
     try:
-        return file.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceImportError(f"{file}: cannot be read as text ({e}); expected {EXPECTED}") \
+        data = files.read_bytes(file, MAX_DOCUMENT_BYTES, files.ANY_OWNER)
+    except files.UnsafePath as e:
+        raise TraceImportError(f"{e} (kvscope import reads regular files, not links, of at "
+                               f"most {MAX_DOCUMENT_BYTES >> 20} MiB: split a larger one)") \
             from None
+    except OSError as e:
+        raise TraceImportError(f"{file}: cannot be read ({e.strerror}); expected {EXPECTED}") \
+            from None
+    return text_of(data, str(file))
+
+
+def text_of(data: bytes, source: str) -> str:
+    """`data` (from `source`, named in errors) as the UTF-8 text JSON is."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise TraceImportError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                               f"expected {EXPECTED}") from None
 
 
 def _documents(text: str, source: str) -> Iterator[Any]:
     """JSON values one after another: one document, JSON lines, or concatenated objects."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_int=_integer)
     position, found = 0, False
     while True:
         while position < len(text) and text[position].isspace():
@@ -80,6 +109,25 @@ def _documents(text: str, source: str) -> Iterator[Any]:
         yield document
     if not found:
         raise TraceImportError(f"{source}: empty; expected {EXPECTED}")
+
+
+class _Overlong(float):
+    """A JSON integer of more digits than Python converts (sys.get_int_max_str_digits()):
+    infinite, as JSON reads a number too large for a float, so that every field wanting an
+    integer refuses it by name as it refuses any infinite number, saying what it was."""
+
+    def __repr__(self) -> str:
+        return f"a number of over {sys.get_int_max_str_digits()} digits"
+
+    __str__ = __repr__
+
+
+def _integer(digits: str) -> int | float:
+    """A JSON integer: an int, or _Overlong where Python refuses to convert that many digits."""
+    try:
+        return int(digits)
+    except ValueError:
+        return _Overlong("-inf" if digits.startswith("-") else "inf")
 
 
 def _message(document: Any, source: str) -> otlp_json.Request:

@@ -10,21 +10,25 @@ otherwise one phase, `imported`, over every span.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from kvscope.capture.trace_import.documents import TraceImportError, backend_error, read_text
+from kvscope.capture.record import bounded_http
+from kvscope.capture.trace_import.documents import (MAX_DOCUMENT_BYTES, TraceImportError,
+                                                     backend_error, read_text, text_of)
 from kvscope.contract import files, manifest, otlp_json, rundir, semconv
 from kvscope.contract.clock import ClockOffset
 
 PHASE = "imported"
 UNKNOWN_CONCURRENCY = -1
+FETCH_TIMEOUT_S = 60.0  # the whole answer of --url
+ERROR_BODY_MAX_BYTES = 64 << 10  # of an error answer, shown cut to a line
 
 
 def fetch_v3(url: str, service: str, since_s: float, limit: int) -> list[otlp_json.Request]:
@@ -36,24 +40,30 @@ def fetch_v3(url: str, service: str, since_s: float, limit: int) -> list[otlp_js
         "query.start_time_max": _rfc3339(now), "query.num_traces": limit})
     address = f"{url.rstrip('/')}/api/v3/traces?{query}"
     try:
-        with urllib.request.urlopen(address, timeout=60) as response:
-            text = response.read().decode()
+        body = bounded_http.get(address, MAX_DOCUMENT_BYTES, FETCH_TIMEOUT_S)
+    except bounded_http.AnswerRefused as e:
+        raise TraceImportError(f"{e}; ask for less: a shorter --since or a smaller "
+                               "--limit") from None
     except urllib.error.HTTPError as e:
         raise TraceImportError(f"{address}: HTTP {e.code} ({e.reason}): {_error_body(e)}; "
                                "is --url Jaeger's query service (port 16686), --service a "
                                "service it knows and --since long enough?") from None
-    except OSError as e:
-        raise TraceImportError(f"{address}: cannot connect ({e}); pass Jaeger's query URL, e.g. "
-                               "http://jaeger:16686") from None
-    return read_text(text, address)
+    except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: no URL
+        raise TraceImportError(f"{address}: cannot connect ({e}); pass Jaeger's query URL, "
+                               "e.g. http://jaeger:16686") from None
+    return read_text(text_of(body, address), address)
 
 
 def _error_body(error: urllib.error.HTTPError) -> str:
-    """What the backend said, from its JSON error answer or its text."""
-    text = error.read().decode(errors="replace").strip()
+    """What the backend said, from its JSON error answer or its text (its first
+    ERROR_BODY_MAX_BYTES: an error answer may be endless too)."""
+    try:
+        text = error.read(ERROR_BODY_MAX_BYTES).decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException):
+        return "no complete answer body"
     try:
         return backend_error(json.loads(text))
-    except ValueError:
+    except (ValueError, RecursionError):
         return otlp_json.short(text, 200) if text else "no answer body"
 
 

@@ -35,6 +35,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from kvscope.contract import otlp_json, semconv
 
 NS_PER_US = 1000
+MAX_TIME_US = otlp_json.MAX_TIME_NS // NS_PER_US  # the last microsecond kvscope's times hold
 _KIND = {"client": trace_pb2.Span.SPAN_KIND_CLIENT, "server": trace_pb2.Span.SPAN_KIND_SERVER,
          "producer": trace_pb2.Span.SPAN_KIND_PRODUCER,
          "consumer": trace_pb2.Span.SPAN_KIND_CONSUMER,
@@ -46,6 +47,7 @@ _TAG_KIND, _TAG_STATUS, _TAG_ERROR = "span.kind", "otel.status_code", "error"
 _TAG_STATUS_MESSAGE, _TAG_TRACE_STATE, _LOG_EVENT = ("otel.status_description",
                                                      "w3c.tracestate", "event")
 _DIGITS = re.compile(r"[+-]?[0-9]+")
+_INT64_DIGITS = 19  # of 2^63
 
 
 class JaegerError(ValueError):
@@ -95,7 +97,7 @@ def _add_trace(request: otlp_json.Request, trace: dict[str, Any], where: str) ->
         span_where = _join(where, f"spans[{n}]")
         span = _object(span, span_where)
         span_process = span.get("processID")
-        if span_process not in resources:
+        if not isinstance(span_process, str) or span_process not in resources:
             raise JaegerError(f"{span_where}.processID: {span_process!r} is not one of the "
                               f"trace's processes ({', '.join(map(repr, resources)) or 'none'})")
         resource_spans, scopes = resources[span_process]
@@ -120,10 +122,14 @@ def _add_span(resource_spans: Any, scopes: dict[tuple[str, str], Any], span: dic
     out.trace_id = trace_id
     out.span_id = _id(span.get("spanID"), otlp_json.SPAN_ID_BYTES, f"{where}.spanID")
     out.name = _string(span.get("operationName", ""), f"{where}.operationName")
-    start_us = _integer(span.get("startTime"), f"{where}.startTime")
+    start_us = _microseconds(span.get("startTime"), f"{where}.startTime")
+    end_us = start_us + _microseconds(span.get("duration"), f"{where}.duration")
+    if end_us > MAX_TIME_US:
+        raise JaegerError(f"{where}.duration: {span['duration']} after startTime {start_us} "
+                          f"ends later than kvscope's times reach ({MAX_TIME_US} us after "
+                          "1970, in the year 2262)")
     out.start_time_unix_nano = start_us * NS_PER_US
-    out.end_time_unix_nano = (start_us + _integer(span.get("duration"), f"{where}.duration")) \
-        * NS_PER_US
+    out.end_time_unix_nano = end_us * NS_PER_US
     _references(out, span, trace_id, where)
     _special_tags(out, tags, where)
     for n, log in enumerate(_array(span.get("logs") or [], f"{where}.logs")):
@@ -167,7 +173,7 @@ def _special_tags(out: Any, tags: list[tuple[str, Any]], where: str) -> None:
 
 
 def _add_event(event: Any, log: dict[str, Any], where: str) -> None:
-    event.time_unix_nano = _integer(log.get("timestamp"), f"{where}.timestamp") * NS_PER_US
+    event.time_unix_nano = _microseconds(log.get("timestamp"), f"{where}.timestamp") * NS_PER_US
     for n, field in enumerate(_array(log.get("fields") or [], f"{where}.fields")):
         key, value = _tag(field, f"{where}.fields[{n}]")
         if key == _LOG_EVENT and not event.name:
@@ -187,9 +193,7 @@ def _tag(tag: Any, where: str) -> tuple[str, Any]:
     if kind == "bool" and isinstance(value, bool):
         return key, value
     if kind == "int64":
-        if isinstance(value, str) and _DIGITS.fullmatch(value):
-            return key, int(value)  # beyond JavaScript's 2^53, Jaeger writes the digits
-        return key, _integer(value, field)
+        return key, _int64(value, field)
     if kind == "float64" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return key, float(value)
     if kind == "binary" and isinstance(value, str):
@@ -237,6 +241,33 @@ def _integer(value: Any, where: str) -> int:
             isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
         raise JaegerError(f"{where}: {otlp_json.short(value)} is not a whole number")
     return int(value)
+
+
+def _microseconds(value: Any, where: str) -> int:
+    """A Jaeger time or duration: whole microseconds, none negative, within kvscope's times."""
+    number = _integer(value, where)
+    if not 0 <= number <= MAX_TIME_US:
+        raise JaegerError(f"{where}: {otlp_json.short(value)} is not a time in microseconds "
+                          f"from 0 to {MAX_TIME_US} (the year 2262, the last kvscope holds)")
+    return number
+
+
+def _int64(value: Any, where: str) -> int:
+    """An int64 tag's value: a number, or its digits (what Jaeger writes beyond JavaScript's
+    2^53), in int64's range."""
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
+        if len(value.lstrip("+-0")) > _INT64_DIGITS:  # more than int() may even convert
+            raise _beyond_int64(value, where)
+        value = int(value)
+    number = _integer(value, where)
+    if number not in otlp_json.INT64_RANGE:
+        raise _beyond_int64(value, where)
+    return number
+
+
+def _beyond_int64(value: Any, where: str) -> JaegerError:
+    return JaegerError(f"{where}: {otlp_json.short(value)} is beyond int64 "
+                       f"({otlp_json.INT64_RANGE.start} to {otlp_json.INT64_RANGE.stop - 1})")
 
 
 def _string(value: Any, where: str) -> str:

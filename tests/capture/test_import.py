@@ -4,6 +4,7 @@ become run directories that `kvscope analyze` splits exactly; bad input is named
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -15,6 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from kvscope import analysis
+from kvscope.capture.trace_import import documents
+from kvscope.capture.trace_import.jaeger import MAX_TIME_US
 from kvscope.cli import main
 from kvscope.contract import otlp_json, semconv
 from kvscope.testkit import jaeger_forms
@@ -225,6 +228,63 @@ def _jaeger(trace: dict | None = None, **span: object) -> str:
                  "data[0].spans[0].tags[0] (kvscope.storage.read_bytes): 'many' is not",
                  id="jaeger-bad-int"),
     pytest.param("[" * 100_000, "nested too deeply", id="deeply-nested"),
+    pytest.param(_otlp(startTimeUnixNano="<long>").replace('"<long>"', "9" * 5000),
+                 "spans[0].startTimeUnixNano: Couldn't parse integer: a number of over 4300 "
+                 "digits", id="otlp-integer-of-5000-digits"),
+    pytest.param(_jaeger(startTime="<long>").replace('"<long>"', "9" * 5000),
+                 "data[0].spans[0].startTime: a number of over 4300 digits is not a whole",
+                 id="jaeger-integer-of-5000-digits"),
+    pytest.param(_otlp(kind="<inf>").replace('"<inf>"', "Infinity"),
+                 "spans[0]: an infinite number (or one of too many digits) where an enum",
+                 id="otlp-kind-infinity"),
+    pytest.param(_otlp(startTimeUnixNano=str(2**63)),
+                 f"spans[0].startTimeUnixNano: {2**63} is later than kvscope's times reach",
+                 id="otlp-time-past-int64-ns"),
+    pytest.param(_otlp(endTimeUnixNano=2**64 - 1),
+                 f"spans[0].endTimeUnixNano: {2**64 - 1} is later than kvscope's times reach",
+                 id="otlp-end-time-a-number-past-int64-ns"),
+    pytest.param(_otlp(startTimeUnixNano=str(2**64)),
+                 f"spans[0].startTimeUnixNano: Value out of range: {2**64}",
+                 id="otlp-time-past-fixed64"),
+    pytest.param(_otlp(startTimeUnixNano=-1), "spans[0].startTimeUnixNano: Value out of range: -1",
+                 id="otlp-negative-time"),
+    pytest.param(_otlp(attributes=[{"key": semconv.READ_BYTES,
+                                    "value": {"stringValue": str(2**63)}}]),
+                 f"attribute kvscope.storage.read_bytes: '{2**63}' is not an integer (int64)",
+                 id="otlp-kvscope-integer-past-int64"),
+    pytest.param(_jaeger(startTime=-1),
+                 "data[0].spans[0].startTime: -1 is not a time in microseconds from 0 to",
+                 id="jaeger-negative-start"),
+    pytest.param(_jaeger(startTime=MAX_TIME_US + 1),
+                 f"data[0].spans[0].startTime: {MAX_TIME_US + 1} is not a time in microseconds",
+                 id="jaeger-start-past-int64-ns"),
+    pytest.param(_jaeger(startTime=1e300),
+                 "data[0].spans[0].startTime: 1e+300 is not a time in microseconds",
+                 id="jaeger-float-start"),
+    pytest.param(_jaeger(startTime=float("nan")), "data[0].spans[0].startTime: nan is not a whole",
+                 id="jaeger-nan-start"),
+    pytest.param(_jaeger(duration=-5), "data[0].spans[0].duration: -5 is not a time",
+                 id="jaeger-negative-duration"),
+    pytest.param(_jaeger(startTime=MAX_TIME_US - 1),
+                 "data[0].spans[0].duration: 5 after startTime 9223372036854774 ends later than",
+                 id="jaeger-end-past-int64-ns"),
+    pytest.param(_jaeger(logs=[{"timestamp": MAX_TIME_US + 1, "fields": []}]),
+                 "data[0].spans[0].logs[0].timestamp: ", id="jaeger-log-time-past-int64-ns"),
+    pytest.param(_jaeger(tags=[{"key": "x", "type": "int64", "value": 2**63}]),
+                 f"data[0].spans[0].tags[0] (x): {2**63} is beyond int64",
+                 id="jaeger-int64-tag-past-int64"),
+    pytest.param(_jaeger(tags=[{"key": "x", "type": "int64", "value": "9" * 5000}]),
+                 "data[0].spans[0].tags[0] (x): '99999", id="jaeger-int64-tag-of-5000-digits"),
+    pytest.param(_jaeger(tags=[{"key": semconv.READ_BYTES, "type": "float64",
+                                "value": float("inf")}]),
+                 "data[0].spans[0] ('kvscope.server.request'): attribute "
+                 "kvscope.storage.read_bytes: inf is not an integer", id="jaeger-kvscope-int-inf"),
+    pytest.param(_jaeger(processID={"p1": 1}),
+                 "data[0].spans[0].processID: {'p1': 1} is not one of the trace's processes",
+                 id="jaeger-process-id-an-object"),
+    pytest.param(_jaeger({"processes": {"p\n1\x1b[2J": []}}),
+                 "data[0].processes.p\\n1\\x1b[2J: a JSON array where an object belongs",
+                 id="jaeger-newline-and-escape-in-a-key"),
 ])
 def test_hostile_files_are_one_line_naming_the_file_and_field(tmp_path, capsys, content, field):
     path = tmp_path / "traces.json"
@@ -267,3 +327,95 @@ def test_a_tracers_spans_directory_imports_as_it_is(tmp_path, capsys):
     (spans_dir / "stats").mkdir(mode=0o700)
     (spans_dir / "stats" / "vllm-4242.json").write_text('{"spans_ended": 20, "exporters": []}')
     _import_and_analyze([str(spans_dir)], tmp_path / "run", capsys)
+
+
+def test_float_tags_of_infinity_and_nan_are_imported_as_the_doubles_they_are(tmp_path, capsys):
+    path = tmp_path / "traces.json"
+    path.write_text(_jaeger(tags=[{"key": "x.inf", "type": "float64", "value": float("inf")},
+                                  {"key": "x.nan", "type": "float64", "value": float("nan")}]))
+    assert main(["import", str(path), "--out", str(tmp_path / "run")]) == 0, \
+        capsys.readouterr().err
+    written = "".join(p.read_text() for p in (tmp_path / "run" / "spans").glob("*.json"))
+    assert '"doubleValue":"Infinity"' in written and '"doubleValue":"NaN"' in written
+
+
+def _sparse_past_the_cap(path: Path) -> None:
+    path.touch()
+    os.truncate(path, documents.MAX_DOCUMENT_BYTES + 1)
+
+
+@pytest.mark.timeout(30)  # the guard against the hang this test is about: no timing is asserted
+@pytest.mark.parametrize(("plant", "says"), [
+    pytest.param(os.mkfifo, "is not a regular file", id="fifo"),
+    pytest.param(lambda path: path.symlink_to("/dev/zero"), "is a symbolic link",
+                 id="link-to-dev-zero"),
+    pytest.param(_sparse_past_the_cap, f"over the {documents.MAX_DOCUMENT_BYTES}-byte cap",
+                 id="over-the-cap"),
+])
+def test_a_trace_file_that_is_no_regular_file_or_over_the_cap_is_refused_in_one_line(
+        tmp_path, capsys, plant, says):
+    path = tmp_path / "traces.json"
+    plant(path)
+    assert main(["import", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvscope import: {path} ") and says in err, err
+    assert f"of at most {documents.MAX_DOCUMENT_BYTES >> 20} MiB" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_fifo_in_a_directory_of_traces_is_not_waited_on(otlp_dir, tmp_path, capsys):
+    os.mkfifo(otlp_dir / "pipe.json")
+    _import_and_analyze([str(otlp_dir)], tmp_path / "run", capsys)
+
+
+def test_trace_files_of_another_user_are_imported(otlp_dir, tmp_path, capsys):
+    """Import reads what the user names, whoever wrote it: only its kind and size matter."""
+    for path in otlp_dir.iterdir():
+        os.chown(path, 65534, 65534)
+    _import_and_analyze([str(otlp_dir)], tmp_path / "run", capsys)
+
+
+@pytest.fixture
+def oversized_jaeger():
+    """A trace backend answering every GET with the status it is given and a body past the
+    cap, streamed until the client hangs up (at most a MiB past the cap, so that code without
+    the cap fails its test rather than the machine)."""
+    answer = {"status": 200}
+
+    class Oversized(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's method name)
+            self.send_response(answer["status"])
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            chunk = b" " * (1 << 20)
+            try:
+                self.wfile.write(b"[")
+                for _ in range((documents.MAX_DOCUMENT_BYTES >> 20) + 1):
+                    self.wfile.write(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading: what a cap does
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Oversized)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", answer
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("status", "says"), [
+    pytest.param(200, f"answered more than {documents.MAX_DOCUMENT_BYTES} bytes; not read; ask "
+                 "for less: a shorter --since", id="traces"),
+    pytest.param(500, "HTTP 500 (Internal Server Error): '[", id="error-answer"),
+])
+def test_an_answer_past_the_cap_is_refused_in_one_line(tmp_path, capsys, oversized_jaeger,
+                                                       status, says):
+    url, answer = oversized_jaeger
+    answer["status"] = status
+    assert main(["import", "--url", url, "--since", "60", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvscope import: {url}/api/v3/traces?") and says in err, err[:500]
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,37 @@ def test_a_parent_writable_by_others_without_sticky_bit_is_refused(tmp_path):
     os.chmod(loose, 0o777)
     with pytest.raises(UnsafePath, match="not sticky"):
         files.private_dir(loose / "spans")
+
+
+@pytest.mark.parametrize(("plant", "refused"), [
+    pytest.param(lambda name, victim: ("ln", "-s", str(victim), str(name)),
+                 "is a symbolic link of uid 65534", id="link-to-a-root-only-directory"),
+    pytest.param(lambda name, victim: ("mkdir", "-m", "777", str(name)),
+                 "is owned by uid 65534", id="their-own-directory"),
+])
+def test_a_part_swapped_by_another_user_just_before_mkdir_gets_nothing_made_through_it(
+        shared_tmp, tmp_path, as_nobody, monkeypatch, plant, refused):
+    """The race between checking a path and making its missing parts, made deterministic by a
+    hook: the first os.mkdir of private_dir first has the second user (uid 65534, a real
+    process) plant a link to a root-only directory, or a directory of theirs, at the very name
+    about to be made, as a racing attacker could at any moment after a check. Root must
+    make nothing through the link nor in their directory."""
+    victim = tmp_path / "root-only"
+    victim.mkdir(mode=0o700)
+    spans = shared_tmp / "spans"
+    real_mkdir, swapped = os.mkdir, []
+
+    def mkdir_after_the_swap(path, mode=0o777, **kwargs):
+        if not swapped and Path(path).name == spans.name:
+            swapped.append(as_nobody(*plant(spans, victim)))
+        return real_mkdir(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_after_the_swap)
+    with pytest.raises(UnsafePath, match=f"its parent {spans} {refused}"):
+        files.private_dir(spans / "stats")
+    assert swapped, "the hook ran"
+    assert list(victim.iterdir()) == [] and list(spans.iterdir()) == [], \
+        "nothing made through the link or in their directory"
 
 
 def test_atomic_write_replaces_a_link_it_finds_instead_of_writing_through(tmp_path):
