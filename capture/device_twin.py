@@ -64,6 +64,9 @@ PROFILES = {p.name: p for p in (
             "local NVMe Gen4: ~80 µs per 128 KiB read, ~7 GB/s with many reads in flight"),
     Profile("nvmeof-tcp", 250.0, 2.5e9, 128, 128,
             "NVMe-oF over TCP: a ~250 µs network round trip, 128 KiB transfers, ~2.5 GB/s"),
+    Profile("nvmeof-tcp-x4", 1000.0, 0.625e9, 128, 128,
+            "nvmeof-tcp with every time x4: the same serial/parallel ratio, within what the "
+            "twin's daemon can serve on a 2-core machine (~1 GB/s)"),
 )}
 
 

@@ -19,7 +19,7 @@ from kvscope.patched_backend.parallel_disk import rawread
 
 pytestmark = [pytest.mark.live, pytest.mark.root]
 
-PROFILE = PROFILES["nvmeof-tcp"]
+PROFILE = PROFILES["nvmeof-tcp-x4"]  # its serial/parallel gap is within the daemon's reach
 SIZE = 1 << 30
 READ_BYTES = 32 << 20
 UNIT = 128 << 10
@@ -73,7 +73,7 @@ def test_serial_reads_of_a_twin_are_slower_than_parallel_ones(twin: Twin) -> Non
           f"measured {serial_s / (serial_bytes / UNIT) * 1e6:.0f} µs; serial "
           f"{serial / 1e9:.2f} GB/s, 16 in flight {parallel / 1e9:.2f} GB/s "
           f"(asked {PROFILE.bandwidth / 1e9:.1f})")
-    assert parallel > 1.5 * serial
+    assert parallel > 2 * serial  # ~6x measured on the 2-vCPU VM; a ratio, not a timing
 
 
 def test_a_sigkilled_owner_leaves_no_loop_device_or_mount_behind(tmp_path: Path) -> None:
