@@ -11,7 +11,11 @@ Everything is built and torn down by a supervisor process (`python -m
 kvscope.capture.device_twin`), not by the process that wants the twin: the supervisor tears
 down when its owner closes the pipe it holds, and a SIGKILLed owner closes it too (the kernel
 does), so no loop device, mount or FUSE mount outlives the owner. The supervisor runs in its own
-session, so a Ctrl-C meant for the owner's process group does not cut its teardown short.
+session, so a Ctrl-C meant for the owner's process group does not cut its teardown short. A file
+still open on the twin then (a server's child outliving it) defers the end: the mounts are
+detached lazily and the loop device clears itself when the file closes. Only a SIGKILL of the
+supervisor itself leaves the stack behind (its daemon gets SIGTERM and unmounts FUSE; the loop
+device and ext4 mount stay, reading EIO): `losetup -a` and `findmnt` show them.
 
 Limits, measured on the 2-vCPU demo VM (docs/probes.md, "Device twin"): the daemon is Python,
 so it costs about one core at its ceiling of ~0.7-1.0 GB/s and ~5-8k requests/s, and each read
