@@ -69,7 +69,8 @@ def test_serial_reads_of_a_twin_are_slower_than_parallel_ones(twin: Twin) -> Non
     serial_bytes, serial_s = rawread.read_files([chunk], UNIT, 1)
     parallel_bytes, parallel_s = rawread.read_files([chunk], UNIT, 16)
     serial, parallel = serial_bytes / serial_s, parallel_bytes / parallel_s
-    print(f"{PROFILE.name}: asked {PROFILE.latency_us:.0f} µs per {UNIT >> 10} KiB read, "
+    print(f"{PROFILE.name}: asked {PROFILE.latency_us:.0f} µs per {UNIT >> 10} KiB read "
+          f"(of which the stack's own, left out of the model: {twin.stack_latency_us:.0f} µs), "
           f"measured {serial_s / (serial_bytes / UNIT) * 1e6:.0f} µs; serial "
           f"{serial / 1e9:.2f} GB/s, 16 in flight {parallel / 1e9:.2f} GB/s "
           f"(asked {PROFILE.bandwidth / 1e9:.1f})")
