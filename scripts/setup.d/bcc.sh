@@ -4,23 +4,14 @@
 # mounted, and `import bcc` working from the project venv ($1) without exposing the rest of
 # Debian's dist-packages. Idempotent; a no-op taking milliseconds once done. Run as root.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/apt.sh"
 
 venv="${1:?usage: bcc.sh VENV}"
 release="$(uname -r)"
 log() { printf '[setup bcc] %s\n' "$*" >&2; }
 
-install_packages() {
-  # bpftool: BTF struct offsets and the detach check; fio: the known workload of tests and bench
-  local wanted=(bpfcc-tools python3-bpfcc libbpfcc linux-headers-amd64 bpftool fio) missing=()
-  for p in "${wanted[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return
-  log "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get -o DPkg::Lock::Timeout=300 update -qq
-  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
+# bpftool: BTF struct offsets and the detach check; fio: the known workload of tests and bench
+install_packages() { apt_install bpfcc-tools python3-bpfcc libbpfcc linux-headers-amd64 bpftool fio; }
 
 mount_tracefs() {
   # bcc 0.26 reads tracepoint formats from /sys/kernel/debug/tracing, else /sys/kernel/tracing.

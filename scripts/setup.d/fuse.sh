@@ -5,20 +5,11 @@
 # stacks on. Idempotent; a no-op taking milliseconds once done. Run as root. ($1, the venv, is
 # unused: mfusepy comes from scripts/requirements.lock.)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/apt.sh"
 
 log() { printf '[setup fuse] %s\n' "$*" >&2; }
 
-install_packages() {
-  local wanted=(fuse3 libfuse3-3) missing=()
-  for p in "${wanted[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return
-  log "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get -o DPkg::Lock::Timeout=300 update -qq
-  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
+install_packages() { apt_install fuse3 libfuse3-3; }
 
 check_kernel() {
   # loop may be built in (no modprobe then); FUSE needs /dev/fuse.
