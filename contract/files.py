@@ -13,8 +13,10 @@ trusted, nor served. So:
 - a file is written to an exclusive temporary name (O_EXCL | O_NOFOLLOW, 0600), flushed to
   disk and renamed into place (`atomic_write`): a reader never sees half a file and a planted
   link is replaced, never written through;
-- a file is read with O_NOFOLLOW, checked with fstat (a regular file of an expected owner) and
-  read up to a size cap (`read_bytes`).
+- a file is read only if `lstat` shows a regular file (so a FIFO or a device is never opened),
+  then opened with O_NOFOLLOW | O_NONBLOCK, checked again with fstat (a regular file of an
+  expected owner: anyone's for data checked after reading, ANY_OWNER) and read up to a size
+  cap (`read_bytes`).
 
 What fails the rule raises `UnsafePath`, a one-line message naming the path, what was found
 and the fix. This module imports nothing of kvscope: every room uses it.
@@ -222,21 +224,38 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str,
         file.write(data.encode() if isinstance(data, str) else data)
 
 
+class AnyOwner:
+    """The `owners` of a file whose every value is checked as untrusted after reading (a run
+    copied from another host or written by another user, read as data): any owner will do,
+    but it must still be a regular file within its cap."""
+
+
+ANY_OWNER = AnyOwner()
+Owners = Iterable[int] | AnyOwner | None  # None: trusted_owners()
+_LINK = ("{path} is a symbolic link; kvscope reads no file through a link in a place others "
+         "may write")
+
+
 @contextmanager
 def open_trusted(path: str | os.PathLike[str], max_bytes: int,
-                 owners: Iterable[int] | None = None) -> Iterator[IO[bytes]]:
+                 owners: Owners = None) -> Iterator[IO[bytes]]:
     """`path` open for reading, if it is a regular file (not a link, a FIFO or a device) of one
-    of `owners` (default `trusted_owners()`) and at most `max_bytes` long; else UnsafePath."""
-    allowed = frozenset(trusted_owners() if owners is None else owners)
+    of `owners` (default `trusted_owners()`; ANY_OWNER: anyone's) and at most `max_bytes` long;
+    else UnsafePath. What `lstat` shows is not a regular file is refused before it is opened
+    (opening a FIFO for reading would wake its writer, opening a device may act); what is
+    swapped in meanwhile is opened without following a link or waiting for a writer
+    (O_NOFOLLOW | O_NONBLOCK) and refused by `fstat`."""
+    allowed = None if isinstance(owners, AnyOwner) else frozenset(
+        trusted_owners() if owners is None else owners)
+    _check_file(path, os.lstat(path), allowed, max_bytes)
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link as the last component
-            raise UnsafePath(f"{path} is a symbolic link; kvscope reads no file through a "
-                             f"link in a place others may write") from None
+            raise UnsafePath(_LINK.format(path=path)) from None
         raise
     try:
-        _check_open_file(path, os.fstat(fd), allowed, max_bytes)
+        _check_file(path, os.fstat(fd), allowed, max_bytes)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -245,11 +264,15 @@ def open_trusted(path: str | os.PathLike[str], max_bytes: int,
         yield file
 
 
-def _check_open_file(path: str | os.PathLike[str], st: os.stat_result, owners: frozenset[int],
-                     max_bytes: int) -> None:
+def _check_file(path: str | os.PathLike[str], st: os.stat_result,
+                owners: frozenset[int] | None, max_bytes: int) -> None:
+    """UnsafePath unless `st` is a regular file of one of `owners` (None: anyone's) within
+    `max_bytes`."""
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(_LINK.format(path=path))
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePath(f"{path} is not a regular file; remove it or name a regular file")
-    if st.st_uid not in owners:
+    if owners is not None and st.st_uid not in owners:
         raise UnsafePath(f"{path} is owned by uid {st.st_uid}, not by {sorted(owners)}: "
                          f"another user could have written it; it was not read")
     if st.st_size > max_bytes:
@@ -257,8 +280,7 @@ def _check_open_file(path: str | os.PathLike[str], st: os.stat_result, owners: f
                          f"this file; it was not read")
 
 
-def read_bytes(path: str | os.PathLike[str], max_bytes: int,
-               owners: Iterable[int] | None = None) -> bytes:
+def read_bytes(path: str | os.PathLike[str], max_bytes: int, owners: Owners = None) -> bytes:
     """The contents of `path`, read through `open_trusted` (a file that grows past the cap
     while being read is refused too)."""
     with open_trusted(path, max_bytes, owners) as file:
