@@ -267,3 +267,19 @@ def test_a_tracers_spans_directory_imports_as_it_is(tmp_path, capsys):
     (spans_dir / "stats").mkdir(mode=0o700)
     (spans_dir / "stats" / "vllm-4242.json").write_text('{"spans_ended": 20, "exporters": []}')
     _import_and_analyze([str(spans_dir)], tmp_path / "run", capsys)
+
+
+def test_a_foreign_trace_beside_the_servers_imports_and_analyses(otlp_dir, tmp_path, capsys):
+    """Issue 30: a Collector's file holding another service's trace too (no span of it carries
+    kvscope.request_id) imported, but analyze stopped on an ArrowTypeError filling request ids
+    from that trace. Its spans are now left out and counted; the server's requests analyse."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(otlp_dir, "shop")))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("GET /cart", start_time=T0):
+        tracer.start_span("SELECT carts", start_time=T0 + MS).end(end_time=T0 + 5 * MS)
+    provider.shutdown()
+    _import_and_analyze([str(otlp_dir)], tmp_path / "run", capsys)
+    assert main(["analyze", str(tmp_path / "run"), "--no-plots"]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert any("2 spans carry no kvscope.request_id" in p for p in summary["problems"])
