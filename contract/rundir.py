@@ -71,6 +71,8 @@ class TableSpec:
     # string columns of a few repeated values (phase, device, op...): read as categoricals, a
     # code per row instead of a string (block_io holds one row per I/O: 10M at a day's run)
     labels: tuple[str, ...] = ()
+    # columns every row has a value in (readers compute with them; a null is refused)
+    filled: tuple[str, ...] = ()
 
     @property
     def columns(self) -> list[str]:
@@ -86,11 +88,15 @@ I, F, S = pa.int64(), pa.float64(), pa.string()
 IO_TOTALS_COUNTERS = ("ios", "bytes", "queue_ns", "service_ns", "no_start", "no_issue")
 # All *_ns columns are CLOCK_MONOTONIC nanoseconds of the host; manifest["clock"]["offset_ns"]
 # maps them to epoch. Extra columns (block_io.insert_ns, io_totals' mean depths) are allowed.
+_REQUESTS = _schema(
+    request_id=S, phase=S, concurrency=I, prompt_index=I, trace_id=S, prompt_tokens=I,
+    cached_tokens=I, output_tokens=I, arrival_ns=I, first_token_ns=I, finish_ns=I, ttft_s=F,
+    e2e_s=F, status=S, error=S)
 TABLES: dict[str, TableSpec] = {
-    "requests": TableSpec("requests.parquet", _schema(
-        request_id=S, phase=S, concurrency=I, prompt_index=I, trace_id=S, prompt_tokens=I,
-        cached_tokens=I, output_tokens=I, arrival_ns=I, first_token_ns=I, finish_ns=I,
-        ttft_s=F, e2e_s=F, status=S, error=S), "workload driver (kvscope run)"),
+    "requests": TableSpec("requests.parquet", _REQUESTS, "workload driver (kvscope run)",
+                          # the driver writes -1 / "" for what it does not know; a failed
+                          # request's seconds are NaN, which parquet keeps as null
+                          filled=tuple(n for n in _REQUESTS.names if not n.endswith("_s"))),
     "block_io": TableSpec("block_io.parquet", _schema(
         phase=S, device=S, dev=S, sector=I, bytes=I, op=S, pid=I, tid=I, comm=S, start_ns=I,
         issue_ns=I, complete_ns=I, error=I), "probes (block probe)",
@@ -276,10 +282,20 @@ def read_table(run: Path, name: str, columns: Sequence[str] | None = None
             frame = _read_parquet(file, TABLES[name], columns)
         except pa.ArrowException as e:
             raise _not_parquet(path, e) from None
+    _check_filled(path, TABLES[name], frame)
     for c in frame.columns:
         if isinstance(frame[c].dtype, pd.CategoricalDtype):
             frame[c] = frame[c].cat.reorder_categories(frame[c].cat.categories.sort_values())
     return frame
+
+
+def _check_filled(path: Path, spec: TableSpec, frame: pd.DataFrame) -> None:
+    """RunDirError naming the first column of `spec.filled` that has a null in `frame`."""
+    for column in (c for c in spec.filled if c in frame.columns):
+        empty = frame[column].isna().to_numpy()
+        if empty.any():
+            raise RunDirError(f"{path}: column {column} is empty in {int(empty.sum())} rows "
+                              f"(the first is row {int(empty.argmax())}); every row has one")
 
 
 def _read_parquet(file: IO[bytes], spec: TableSpec, columns: Sequence[str] | None
