@@ -70,9 +70,19 @@ def _read(source: Any) -> pa.Table:
     which the writer adds last) as the schema's. RunDirError when it cannot be read."""
     try:
         file = pq.ParquetFile(source)
-        return file.read().replace_schema_metadata(_file_meta(file))
+        return _filled(file.read().replace_schema_metadata(_file_meta(file)))
     except pa.ArrowException as e:
         raise rundir.RunDirError(f"{FILE}: not a readable span table ({e})") from None
+
+
+def _filled(table: pa.Table) -> pa.Table:
+    """`table`, read from a file; RunDirError when a column every span has a value in
+    (contract.spantable FILLED) holds a null: not a table spanstream wrote."""
+    for name in spec.FILLED:
+        if name in table.column_names and table[name].null_count:
+            raise rundir.RunDirError(f"{FILE}: column {name} is empty in "
+                                     f"{table[name].null_count} rows")
+    return table
 
 
 def _file_meta(file: pq.ParquetFile) -> dict[bytes, bytes]:
@@ -148,9 +158,10 @@ def _typed_from_file(path: Path, names: tuple[str, ...]
         try:
             parquet = pq.ParquetFile(file)
             columns = [*spec.ANALYSIS_COLUMNS, *_holding(parquet)]
-            every = pq.read_table(file, columns=columns, read_dictionary=[
-                c for c in columns if pa.types.is_string(spec.SCHEMA.field(c).type)])
-            some = pq.read_table(file, columns=[*columns, "trace_id"], filters=_named(names))
+            every = _filled(pq.read_table(file, columns=columns, read_dictionary=[
+                c for c in columns if pa.types.is_string(spec.SCHEMA.field(c).type)]))
+            some = _filled(pq.read_table(file, columns=[*columns, "trace_id"],
+                                         filters=_named(names)))
         except pa.ArrowException as e:
             raise rundir.RunDirError(f"{path}: not a readable span table ({e})") from None
         return _typed(every, some, _file_meta(parquet))
