@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvscope.analysis import ledger, report, slices, spantable
-from kvscope.analysis.attribution import COLUMNS, ID_COLUMNS, attribute
+from kvscope.analysis.attribution import COLUMNS, attribute
 from kvscope.analysis.run import Run, clock_offset_ns, load_run, read_tables
 from kvscope.analysis.summary import ANALYSIS_VERSION, SUMMARY_SCHEMA, summarize
 from kvscope.contract import files, jsonfiles, rundir
@@ -28,11 +28,12 @@ ATTRIBUTION_FILE = "attribution.parquet"
 SUMMARY_FILE = "summary.json"
 SUMMARY_MAX_BYTES = 256 << 20  # a summary is tens of KB, plus a line per request with notes
 SPANS_FILE = spantable.FILE
-_S, _I = pa.string(), pa.int64()
-ATTRIBUTION = rundir.TableSpec(ATTRIBUTION_FILE, pa.schema([
-    *((c, _I if c in ("concurrency", "prompt_index") else _S) for c in ID_COLUMNS),
-    *((c, _I) for c in COLUMNS if c not in ID_COLUMNS and c not in ("partial", "diagnostics")),
-    ("partial", pa.bool_()), ("diagnostics", _S)]), "analysis (kvscope analyze)")
+# attribute()'s columns as analyze writes them: integers (ns, bytes, counts, tokens) but these
+_NOT_INTEGERS: dict[str, pa.DataType] = {
+    **dict.fromkeys(("request_id", "phase", "window", "diagnostics"), pa.string()),
+    "partial": pa.bool_()}
+ATTRIBUTION = rundir.TableSpec(ATTRIBUTION_FILE, pa.schema(
+    [(c, _NOT_INTEGERS.get(c, pa.int64())) for c in COLUMNS]), "analysis (kvscope analyze)")
 
 
 def inputs_fingerprint(path: Path) -> str:
