@@ -108,7 +108,7 @@ def _workers(span_files: list[Path]) -> int:
     """Processes to parse with: one per core when the files are big enough to repay starting
     them (parsing is most of the conversion's CPU, and each file parses on its own; this
     process hashes and writes meanwhile), else this one."""
-    if sum(f.stat().st_size for f in span_files) < PARALLEL_BYTES:
+    if sum(f.lstat().st_size for f in span_files) < PARALLEL_BYTES:  # a link is refused
         return 1
     return min(parallel.cores(), len(span_files))
 

@@ -285,6 +285,7 @@ def _tree(run: Path) -> list[tuple[str, int]]:
 @pytest.mark.parametrize(("file", "plant"), [
     pytest.param("spans/zero.json", _link_to_dev_zero, id="span-file-link-to-dev-zero"),
     pytest.param("spans/fifo.json", os.mkfifo, id="span-file-fifo"),
+    pytest.param("spans/loop.json", lambda p: p.symlink_to(p.name), id="span-file-link-loop"),
     pytest.param("manifest.json", os.mkfifo, id="manifest-fifo"),
     pytest.param("requests.parquet", os.mkfifo, id="requests-fifo"),
     pytest.param("requests.parquet", _link_to_dev_zero, id="requests-link-to-dev-zero"),
