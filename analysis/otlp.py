@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvscope.contract import otlp_json, semconv
+from kvscope.contract import otlp_json, rundir, semconv
 from kvscope.contract.semconv import NO_PID, SPAN_COLUMNS
 
 
@@ -33,10 +33,41 @@ def read_span_files(files: list[Path], offset_ns: int) -> tuple[pd.DataFrame, li
 
 def read_rows(path: Path, offset_ns: int) -> tuple[list[tuple], list[str]]:
     """One file's span rows (SPAN_COLUMNS' values, attributes as a dict) and its problem."""
+    return document_rows(path, rundir.read_file(path, rundir.SPAN_FILE_MAX_BYTES), offset_ns)
+
+
+def document_rows(path: Path, document: bytes, offset_ns: int
+                  ) -> tuple[list[tuple], list[str]]:
+    """The rows and problem of `document`, the contents of span file `path`. A document that
+    is not OTLP JSON is skipped (a problem line); one whose span times do not fit the table
+    (int64 ns on the run's clock) is refused: RunDirError naming the file and the field."""
     try:
-        return _rows(otlp_json.loads(path.read_bytes()), offset_ns), []
+        return _rows(otlp_json.loads(document), offset_ns), []
+    except otlp_json.TimeRangeError as e:
+        raise rundir.RunDirError(f"{path}: {e}; fix or remove the file") from None
     except otlp_json.OtlpJsonError as e:
         return [], [f"{path}: not an OTLP JSON ExportTraceServiceRequest ({e}); skipped"]
+    except _OutOfRange as e:
+        raise rundir.RunDirError(f"{path}: {e}; fix or remove the file") from None
+
+
+class _OutOfRange(ValueError):
+    """A span time that is no int64 ns on the run's clock."""
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _times(span: Any, offset_ns: int) -> tuple[int, int]:
+    """The span's start and end (OTLP epoch ns) on the run's monotonic clock."""
+    times = []
+    for field, epoch_ns in (("startTimeUnixNano", span.start_time_unix_nano),
+                            ("endTimeUnixNano", span.end_time_unix_nano)):
+        if not INT64[0] <= epoch_ns - offset_ns <= INT64[1]:
+            raise _OutOfRange(f"span {span.name!r}: {field} {epoch_ns} is past int64 "
+                              "nanoseconds on the run's clock")
+        times.append(epoch_ns - offset_ns)
+    return times[0], times[1]
 
 
 def _rows(message: otlp_json.Request, offset_ns: int) -> list[tuple]:
@@ -52,7 +83,7 @@ def _rows(message: otlp_json.Request, offset_ns: int) -> list[tuple]:
                 rows.append((
                     otlp_json.hex_id(span.trace_id), otlp_json.hex_id(span.span_id),
                     otlp_json.hex_id(span.parent_span_id), span.name,
-                    span.start_time_unix_nano - offset_ns, span.end_time_unix_nano - offset_ns,
+                    *_times(span, offset_ns),
                     None if request_id is None else str(request_id), attributes, *process,
                 ))
     return rows

@@ -12,19 +12,28 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from kvscope.analysis import ledger, report, slices, spantable
-from kvscope.analysis.attribution import attribute
+from kvscope.analysis.attribution import COLUMNS, attribute
 from kvscope.analysis.run import Run, clock_offset_ns, load_run, read_tables
-from kvscope.analysis.summary import ANALYSIS_VERSION, summarize
-from kvscope.contract import files, rundir
+from kvscope.analysis.summary import ANALYSIS_VERSION, SUMMARY_SCHEMA, summarize
+from kvscope.contract import files, jsonfiles, rundir
 
 ATTRIBUTION_FILE = "attribution.parquet"
 SUMMARY_FILE = "summary.json"
+SUMMARY_MAX_BYTES = 256 << 20  # a summary is tens of KB, plus a line per request with notes
 SPANS_FILE = spantable.FILE
+# attribute()'s columns as analyze writes them: integers (ns, bytes, counts, tokens) but these
+_NOT_INTEGERS: dict[str, pa.DataType] = {
+    **dict.fromkeys(("request_id", "phase", "window", "diagnostics"), pa.string()),
+    "partial": pa.bool_()}
+ATTRIBUTION = rundir.TableSpec(ATTRIBUTION_FILE, pa.schema(
+    [(c, _NOT_INTEGERS.get(c, pa.int64())) for c in COLUMNS]), "analysis (kvscope analyze)")
 
 
 def inputs_fingerprint(path: Path) -> str:
@@ -77,27 +86,61 @@ def attribute_run(path: str | Path) -> tuple[Run, pd.DataFrame]:
 
 
 def load_attribution(path: str | Path) -> pd.DataFrame:
-    """The run's attribution.parquet, computing (not writing) it when absent."""
+    """The run's attribution.parquet, computing (not writing) it when it is absent or not an
+    attribution (`_output_table`)."""
     path = Path(path)
-    if (path / ATTRIBUTION_FILE).exists():
-        return pd.read_parquet(path / ATTRIBUTION_FILE)
-    return attribute(load_run(path))
+    attribution = _output_table(path, ATTRIBUTION)
+    return attribute(load_run(path)) if attribution is None else attribution
 
 
 def load_current(path: str | Path) -> tuple[Run, pd.DataFrame, dict[str, Any]] | None:
     """(run, attribution, summary) from the run's analysis outputs when they are current (the
-    run's spans from spans.parquet); None when any is missing or stale.
+    run's spans from spans.parquet); None when any is missing, stale or not what analysis
+    writes (`_output_table`, `_summary`).
     """
     path = Path(path)
-    try:
-        summary = json.loads((path / SUMMARY_FILE).read_text())
-        if (summary.get("analysis_version") != ANALYSIS_VERSION
-                or summary.get("inputs_fingerprint") != inputs_fingerprint(path)):
-            return None
-        attribution = pd.read_parquet(path / ATTRIBUTION_FILE)
-    except (OSError, ValueError):
+    summary = _summary(path)
+    if (summary is None or summary["analysis_version"] != ANALYSIS_VERSION
+            or summary["inputs_fingerprint"] != inputs_fingerprint(path)):
+        return None
+    attribution = _output_table(path, ATTRIBUTION)
+    if attribution is None:
         return None
     run = load_run(path)  # its spans from RUN/spans.parquet, current with the outputs
     run.problems = list(summary.get("problems", run.problems))
     run.request_notes = {k: list(v) for k, v in summary.get("request_notes", {}).items()}
     return run, attribution, summary
+
+
+def load_chunk_ledger(path: str | Path) -> pd.DataFrame | None:
+    """The run's chunk_ledger.parquet, or None when it is absent or not a chunk ledger."""
+    return _output_table(Path(path), rundir.CHUNK_LEDGER)
+
+
+def _summary(path: Path) -> dict[str, Any] | None:
+    """summary.json, or None when it is absent or not of SUMMARY_SCHEMA (as `_output_table`)."""
+    file = path / SUMMARY_FILE
+    try:
+        summary = jsonfiles.parse_json(file, rundir.read_file(file, SUMMARY_MAX_BYTES),
+                                       SUMMARY_SCHEMA)
+    except (OSError, ValueError):  # RunDirError is a ValueError
+        return None
+    return cast(dict[str, Any], summary)
+
+
+def _output_table(path: Path, spec: rundir.TableSpec) -> pd.DataFrame | None:
+    """Output table `spec` of the run at `path`, or None when it is absent, not a regular file
+    within its cap, not parquet, or lacks a column or has one of another type.
+
+    Outputs are made from the run's inputs and nothing else: a damaged or edited one is taken
+    for a stale one, and made again from the inputs, as a missing one is. That is what a user
+    expects of a cache (the run still analyses; a half-copied output costs time, not the
+    run), where refusing would leave them to find and delete the file by hand; and the
+    inputs themselves are read as untrusted, so nothing is lost by not trusting an output."""
+    try:
+        with rundir.open_file(path / spec.file, rundir.TABLE_MAX_BYTES) as file:
+            if rundir.spec_problems(spec, pq.read_schema(file)):
+                return None
+            return pd.read_parquet(file)
+    except (OSError, ValueError, pa.ArrowException):  # RunDirError is a ValueError
+        return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ import pyarrow as pa
 from kvscope.analysis import server_requests, spantable
 from kvscope.contract import rundir
 from kvscope.contract.rundir import empty_table
-from kvscope.contract.spantable import META_NOTES, META_PROBLEMS
 
 ATTRIBUTION_TABLES = ("requests", "block_io")  # what attribution reads besides the spans
 # what a typed load reads of them (the others whole)
@@ -79,8 +77,11 @@ def load_run(path: str | Path, *, typed: bool = False) -> Run:
         spans = server_spans = spantable.frame(table)
         meta = dict(table.schema.metadata or {})
     _give_back_read_buffers()
-    notes = json.loads(meta.get(META_NOTES, b"{}"))
-    problems += json.loads(meta.get(META_PROBLEMS, b"[]"))
+    table_meta = spantable.metadata(meta)
+    if table_meta is None:  # spantable read it only after checking it: replaced meanwhile
+        raise rundir.RunDirError(f"{path / spantable.FILE} changed while being read; "
+                                 "analyse the run again")
+    notes, problems = table_meta.notes, problems + table_meta.problems
     if not spantable.span_files(path):
         problems.append(f"{path / rundir.SPANS_DIR}/*.json: no span files (tracer off?); "
                         "TTFT cannot be split into components")

@@ -32,6 +32,7 @@ ReadRows = Callable[[np.ndarray, list[str]], pa.Table]
 # Scans the written table's columns batch by batch: columns -> iterator of tables
 Scan = Callable[[list[str]], Any]
 KEY_COLUMNS = [*spec.COPY_COLUMNS, "request_id"]  # what deciding a suspect row reads
+_KNOWN = pa.schema([("trace_id", pa.string()), ("request_id", pa.string())])
 
 
 @dataclass
@@ -114,24 +115,25 @@ class Keys:
                 else np.zeros(0, dtype=np.int64))
 
     def _fills(self, scan: Scan) -> tuple[np.ndarray, pa.Array, int]:
-        """(orphan rows that their trace gives a request id, those ids, orphans left)."""
+        """(orphan rows that their trace gives a request id, those ids, orphans left). Typed
+        string columns throughout: a trace where no span has a request id gives a null id,
+        never a column of another type."""
         rows = self._orphans()
         if not len(rows):
             return rows, pa.array([], pa.string()), 0
         traces = pa.chunked_array(self._orphan_traces, pa.string()).combine_chunks()
         wanted = pc.unique(traces)
-        found = []
+        found = [_KNOWN.empty_table()]
         for part in scan(["trace_id", "request_id"]):
             hit = pc.and_(pc.is_in(part["trace_id"], value_set=wanted),
                           pc.is_valid(part["request_id"]))
-            found.append(part.filter(hit))
-        known = pa.concat_tables(found).to_pandas() if found else pd.DataFrame(
-            {"trace_id": [], "request_id": []})
-        first = known.drop_duplicates("trace_id").set_index("trace_id")["request_id"]
-        ids = pd.Series(traces.to_numpy(zero_copy_only=False)).map(first)
-        filled = ids.notna().to_numpy()
-        return (rows[filled], pa.array(ids[filled].to_numpy(), pa.string()),
-                int((~filled).sum()))
+            found.append(part.filter(hit).cast(_KNOWN))
+        known = pa.concat_tables(found)
+        # each orphan's trace's first row with a request id (index_in finds the first)
+        at = pc.index_in(traces, value_set=known["trace_id"].combine_chunks())
+        ids = known["request_id"].combine_chunks().take(at)
+        filled = ids.is_valid()
+        return rows[filled.to_numpy(zero_copy_only=False)], ids.filter(filled), ids.null_count
 
     def _repeats(self, read_rows: ReadRows, fill_rows: np.ndarray, fill_ids: pa.Array
                  ) -> tuple[np.ndarray, np.ndarray, pd.Series]:

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kvscope.analysis import otlp, otlp_fast, parallel, spanclean
-from kvscope.contract import files
+from kvscope.contract import files, rundir, semconv
 from kvscope.contract import spantable as spec
 
 ROW_GROUP = 1 << 18
@@ -81,8 +81,9 @@ def write(span_files: Iterable[Path], offset_ns: int, target: Target,
     and the problems and notes found (contract.spantable META_*), written to `target`."""
     keys = spanclean.Keys()
     problems: list[str] = []
-    with target.open() as sink:
-        writer = pq.ParquetWriter(sink, spec.SCHEMA)
+    # the writer closes before its sink, also when a span file is refused (the sink then
+    # discards what was written)
+    with target.open() as sink, pq.ParquetWriter(sink, spec.SCHEMA) as writer:
         pending = _Pending(writer)
         paths = list(span_files)
         for batch, bad in parallel.ordered(file_rows, [(f, offset_ns) for f in paths],
@@ -96,7 +97,6 @@ def write(span_files: Iterable[Path], offset_ns: int, target: Target,
         if clean:
             writer.add_key_value_metadata(_encoded(
                 {**metadata, spec.META_PROBLEMS: problems, spec.META_NOTES: {}}))
-        writer.close()
     if not clean:
         cleaning = keys.decide(_reader(pending.sizes, target), _scanner(target))
         _rewrite(target, pending.sizes, cleaning,
@@ -108,19 +108,41 @@ def _workers(span_files: list[Path]) -> int:
     """Processes to parse with: one per core when the files are big enough to repay starting
     them (parsing is most of the conversion's CPU, and each file parses on its own; this
     process hashes and writes meanwhile), else this one."""
-    if sum(f.stat().st_size for f in span_files) < PARALLEL_BYTES:
+    if sum(f.lstat().st_size for f in span_files) < PARALLEL_BYTES:  # a link is refused
         return 1
     return min(parallel.cores(), len(span_files))
 
 
 def file_rows(path: Path, offset_ns: int) -> tuple[pa.RecordBatch, list[str]]:
     """One span file's rows of the table and its problems: the fast reader's, or protobuf's
-    for a document the fast reader gives back."""
-    batch = otlp_fast.batch(path.read_bytes(), offset_ns)
-    if batch is not None:
-        return batch, []
-    rows, bad = otlp.read_rows(path, offset_ns)
-    return rows_batch(rows), bad
+    for a document the fast reader gives back. RunDirError, naming the file and the field, for
+    a file that is not a regular file within rundir.SPAN_FILE_MAX_BYTES or whose values the
+    table cannot hold (`check_values`)."""
+    document = rundir.read_file(path, rundir.SPAN_FILE_MAX_BYTES)
+    batch = otlp_fast.batch(document, offset_ns)
+    bad: list[str] = []
+    if batch is None:
+        rows, bad = otlp.document_rows(path, document, offset_ns)
+        batch = rows_batch(rows)
+    problem = check_values(batch)
+    if problem:
+        raise rundir.RunDirError(f"{path}: {problem}; fix or remove the file")
+    return batch, bad
+
+
+MAX_TTFT_S = 1e9  # a server's TTFT (s) the table takes: its ns fit int64 (analysis.server_requests)
+
+
+def check_values(batch: pa.RecordBatch) -> str | None:
+    """What in a span file's rows analysis could not compute with (a NaN, infinite or
+    absurd server TTFT, which becomes integer ns), or None."""
+    ttft = batch.column(semconv.GEN_AI_TTFT).fill_null(0.0).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~(np.abs(ttft) < MAX_TTFT_S))  # NaN compares false
+    if not len(bad):
+        return None
+    first = int(bad[0])
+    return (f"span {batch.column('name')[first].as_py()!r}: {semconv.GEN_AI_TTFT} is "
+            f"{ttft[first]}, not a number of seconds within ±{MAX_TTFT_S:.0e}")
 
 
 class _Pending:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kvscope.analysis import otlp, spanstream
-from kvscope.contract import rundir
+from kvscope.contract import jsonfiles, rundir
 from kvscope.contract import spantable as spec
 from kvscope.contract import semconv
 from kvscope.contract.semconv import SPAN_COLUMNS
@@ -40,7 +41,7 @@ def fingerprint(run: Path, offset_ns: int) -> str:
     """What the table is made from: each span file's name, size and mtime, and the clock."""
     digest = hashlib.sha256(f"{FORMAT};{offset_ns};".encode())
     for f in span_files(run):
-        st = f.stat()
+        st = f.lstat()  # the entry itself: a link among them is refused when read
         digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
     return digest.hexdigest()[:32]
 
@@ -55,18 +56,69 @@ def build(files_: Iterable[Path], offset_ns: int) -> pa.Table:
 def load(run: Path, offset_ns: int) -> pa.Table:
     """The run's span table: RUN/spans.parquet while current, else made now (not written)."""
     path = _current(Path(run), offset_ns)
-    return _read(path) if path else build(span_files(run), offset_ns)
+    if path is not None:
+        try:
+            with rundir.open_file(path, rundir.TABLE_MAX_BYTES) as file:
+                return _read(file)
+        except rundir.RunDirError:
+            pass  # damaged below its footer: made again, as when stale
+    return build(span_files(run), offset_ns)
 
 
-def _read(source: Any, **options: Any) -> pa.Table:
+def _read(source: Any) -> pa.Table:
     """A written span table with its metadata (kept in the Parquet footer's key-value pairs,
-    which the writer adds last) as the schema's."""
-    file = pq.ParquetFile(source)
-    return file.read(**options).replace_schema_metadata(_file_meta(file))
+    which the writer adds last) as the schema's. RunDirError when it cannot be read."""
+    try:
+        file = pq.ParquetFile(source)
+        return _filled(file.read().replace_schema_metadata(_file_meta(file)))
+    except pa.ArrowException as e:
+        raise rundir.RunDirError(f"{FILE}: not a readable span table ({e})") from None
+
+
+def _filled(table: pa.Table) -> pa.Table:
+    """`table`, read from a file; RunDirError when a column every span has a value in
+    (contract.spantable FILLED) holds a null: not a table spanstream wrote."""
+    for name in spec.FILLED:
+        if name in table.column_names and table[name].null_count:
+            raise rundir.RunDirError(f"{FILE}: column {name} is empty in "
+                                     f"{table[name].null_count} rows")
+    return table
 
 
 def _file_meta(file: pq.ParquetFile) -> dict[bytes, bytes]:
     return {k: v for k, v in (file.metadata.metadata or {}).items() if k != b"ARROW:schema"}
+
+
+@dataclass(frozen=True)
+class Meta:
+    """The span table's metadata (contract.spantable META_*), read and typed."""
+
+    fingerprint: str | None
+    problems: list[str]
+    notes: dict[str, list[str]]
+
+
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_META_SCHEMAS: dict[bytes, dict[str, Any]] = {
+    spec.META_FINGERPRINT: {"type": "string"}, spec.META_PROBLEMS: _STRINGS,
+    spec.META_NOTES: {"type": "object", "additionalProperties": _STRINGS}}
+
+
+def metadata(raw: dict[bytes, bytes]) -> Meta | None:
+    """The table's metadata from its footer's key-value pairs; None when a value is not JSON
+    of its type (an edited file: `_current` then makes the table again)."""
+    values: dict[bytes, Any] = {}
+    for key, schema in _META_SCHEMAS.items():
+        if key not in raw:
+            continue
+        try:
+            values[key] = json.loads(raw[key])
+        except (ValueError, RecursionError):
+            return None
+        if jsonfiles.shape_problem(values[key], schema) is not None:
+            return None
+    return Meta(values.get(spec.META_FINGERPRINT), values.get(spec.META_PROBLEMS, []),
+                values.get(spec.META_NOTES, {}))
 
 
 def load_typed(run: Path, offset_ns: int, names: tuple[str, ...]
@@ -75,25 +127,48 @@ def load_typed(run: Path, offset_ns: int, names: tuple[str, ...]
     trace_id, the table's metadata), reading from spans.parquet only the columns that hold
     anything (a typed column no span has is never read)."""
     path = _current(Path(run), offset_ns)
-    table = _read(path, columns=[]) if path else build(span_files(run), offset_ns)
-    columns = [*spec.ANALYSIS_COLUMNS, *_holding(path, table)]
-    named = pc.field("name").isin(list(names))
-    if path:  # strings read as dictionaries: a code per span, never the span's string
-        every = pq.read_table(path, columns=columns, read_dictionary=[
-            c for c in columns if pa.types.is_string(spec.SCHEMA.field(c).type)])
-        some = pq.read_table(path, columns=[*columns, "trace_id"], filters=named)
-    else:
-        every = table.select(columns)
-        some = table.filter(named).select([*columns, "trace_id"])
+    if path is not None:
+        try:
+            return _typed_from_file(path, names)
+        except rundir.RunDirError:
+            pass  # damaged below its footer: made again, as when stale
+    table = build(span_files(run), offset_ns)
+    columns = [*spec.ANALYSIS_COLUMNS,
+               *(k for k in spec.TYPED_ATTRIBUTES if table[k].null_count < len(table))]
+    some = table.filter(_named(names))
+    return _typed(table.select(columns), some.select([*columns, "trace_id"]),
+                  dict(table.schema.metadata or {}))
+
+
+def _named(names: tuple[str, ...]) -> pc.Expression:
+    return pc.field("name").isin(list(names))
+
+
+def _typed(every: pa.Table, some: pa.Table, meta: dict[bytes, Any]
+           ) -> tuple[pd.DataFrame, pd.DataFrame, dict[bytes, Any]]:
     chosen = typed_frame(some).assign(trace_id=some["trace_id"].to_pandas())
-    return typed_frame(every), chosen, dict(table.schema.metadata or {})
+    return typed_frame(every), chosen, meta
 
 
-def _holding(path: Path | None, table: pa.Table) -> list[str]:
+def _typed_from_file(path: Path, names: tuple[str, ...]
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, dict[bytes, Any]]:
+    """load_typed of a current spans.parquet: strings read as dictionaries (a code per span,
+    never the span's string). RunDirError when it cannot be read."""
+    with rundir.open_file(path, rundir.TABLE_MAX_BYTES) as file:
+        try:
+            parquet = pq.ParquetFile(file)
+            columns = [*spec.ANALYSIS_COLUMNS, *_holding(parquet)]
+            every = _filled(pq.read_table(file, columns=columns, read_dictionary=[
+                c for c in columns if pa.types.is_string(spec.SCHEMA.field(c).type)]))
+            some = _filled(pq.read_table(file, columns=[*columns, "trace_id"],
+                                         filters=_named(names)))
+        except pa.ArrowException as e:
+            raise rundir.RunDirError(f"{path}: not a readable span table ({e})") from None
+        return _typed(every, some, _file_meta(parquet))
+
+
+def _holding(file: pq.ParquetFile) -> list[str]:
     """The typed attribute columns some span has a value in (from the file's statistics)."""
-    if path is None:
-        return [k for k in spec.TYPED_ATTRIBUTES if table[k].null_count < len(table)]
-    file = pq.ParquetFile(path)
     meta_ = file.metadata
     names = file.schema_arrow.names  # one leaf each: the table has no nested columns
     holding = set()
@@ -117,14 +192,21 @@ def ensure(run: Path, offset_ns: int) -> Path:
 
 
 def _current(run: Path, offset_ns: int) -> Path | None:
-    """RUN/spans.parquet when it was made from the run's span files as they are now."""
+    """RUN/spans.parquet when it was made from the run's span files as they are now; None
+    when it is missing or stale, and also when it is not a regular file, not parquet, not of
+    the table's schema or its metadata is not of its types: the table is a cache of the span
+    files, so a damaged or edited one is made again from them, as a stale one is, rather than
+    refused (the span files are the run's record, and they are read as untrusted anyway)."""
     path = run / FILE
     try:
-        meta_ = _file_meta(pq.ParquetFile(path))
-    except (OSError, ValueError, pa.ArrowInvalid):
+        with rundir.open_file(path, rundir.TABLE_MAX_BYTES) as file:
+            parquet = pq.ParquetFile(file)
+            schema, meta_ = parquet.schema_arrow, metadata(_file_meta(parquet))
+    except (OSError, ValueError, pa.ArrowException):  # RunDirError is a ValueError
         return None
-    made_from = json.loads(meta_.get(spec.META_FINGERPRINT, b"null"))
-    return path if made_from == fingerprint(run, offset_ns) else None
+    if meta_ is None or not schema.remove_metadata().equals(spec.SCHEMA):
+        return None
+    return path if meta_.fingerprint == fingerprint(run, offset_ns) else None
 
 
 def frame(table: pa.Table) -> pd.DataFrame:

@@ -20,6 +20,42 @@ ANALYSIS_VERSION = "4"
 SUMMARY_COMPONENTS = ("ttft", *COMPONENTS, *STORAGE_PARTS, *BATCH_PARTS)
 QUANTILES = (50, 90, 99)
 
+_STRING, _INTEGER, _NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_STRINGS = {"type": "array", "items": _STRING}
+
+
+def _rows(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": {"type": "object", "required": required,
+                                       "properties": properties}}
+
+
+# The types readers of a summary.json rely on (the dashboard reads one back while it is
+# current: analysis.outputs): a summary of another shape was not written by this analysis.
+SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["analysis_version", "inputs_fingerprint"],
+    "properties": {
+        "run_id": _STRING, "analysis_version": _STRING, "inputs_fingerprint": _STRING,
+        "requests": {"type": "object", "properties": dict.fromkeys(
+            ("total", "failed", "partial", "complete"), {"type": "integer", "minimum": 0})},
+        "groups": _rows(["phase", "concurrency", "percentiles_ns"], phase=_STRING,
+                        concurrency=_INTEGER, requests=_INTEGER,
+                        percentiles_ns={"type": "object", "additionalProperties": {
+                            "type": "object", "additionalProperties": _NUMBER}},
+                        share_of_ttft={"type": "object",
+                                       "additionalProperties": _NUMBER_OR_NULL}),
+        "throughput": _rows(["phase", "concurrency"], phase=_STRING, concurrency=_INTEGER,
+                            **dict.fromkeys(throughput.METRICS, _NUMBER_OR_NULL)),
+        "findings": _rows(["id", "severity", "message"], id=_STRING, severity=_STRING,
+                          message=_STRING),
+        "chunk_ledger": {"type": ["object", "null"],
+                         "properties": {"prefill_ns_per_token": _NUMBER_OR_NULL}},
+        "problems": _STRINGS,
+        "request_notes": {"type": "object", "additionalProperties": _STRINGS},
+    },
+}
+
 
 def percentiles(attribution: pd.DataFrame) -> dict[str, dict[str, float]]:
     """p50/p90/p99/mean (ns) of TTFT and every component over the rows given."""

@@ -13,8 +13,10 @@ trusted, nor served. So:
 - a file is written to an exclusive temporary name (O_EXCL | O_NOFOLLOW, 0600), flushed to
   disk and renamed into place (`atomic_write`): a reader never sees half a file and a planted
   link is replaced, never written through;
-- a file is read with O_NOFOLLOW, checked with fstat (a regular file of an expected owner) and
-  read up to a size cap (`read_bytes`).
+- a file is read only if `lstat` shows a regular file (so a FIFO or a device is never opened),
+  then opened with O_NOFOLLOW | O_NONBLOCK, checked again with fstat (a regular file of an
+  expected owner: anyone's for data checked after reading, ANY_OWNER) and read up to a size
+  cap (`read_bytes`).
 
 What fails the rule raises `UnsafePath`, a one-line message naming the path, what was found
 and the fix. This module imports nothing of kvscope: every room uses it.
@@ -370,21 +372,29 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str,
         file.write(data.encode() if isinstance(data, str) else data)
 
 
+_LINK = ("{path} is a symbolic link; kvscope reads no file through a link in a place others "
+         "may write")
+
+
 @contextmanager
 def open_trusted(path: str | os.PathLike[str], max_bytes: int,
                  owners: Iterable[int] | None = None) -> Iterator[IO[bytes]]:
     """`path` open for reading, if it is a regular file (not a link, a FIFO or a device) of one
-    of `owners` (default `trusted_owners()`) and at most `max_bytes` long; else UnsafePath."""
+    of `owners` (default `trusted_owners()`; ANY_OWNER: anyone's) and at most `max_bytes` long;
+    else UnsafePath. What `lstat` shows is not a regular file is refused before it is opened
+    (opening a FIFO for reading would wake its writer, opening a device may act); what is
+    swapped in meanwhile is opened without following a link or waiting for a writer
+    (O_NOFOLLOW | O_NONBLOCK) and refused by `fstat`."""
     allowed = _owners(owners)
+    _check_file(path, os.lstat(path), allowed, max_bytes)
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link as the last component
-            raise UnsafePath(f"{path} is a symbolic link; kvscope reads no file through a "
-                             f"link in a place others may write") from None
+            raise UnsafePath(_LINK.format(path=path)) from None
         raise
     try:
-        _check_open_file(path, os.fstat(fd), allowed, max_bytes)
+        _check_file(path, os.fstat(fd), allowed, max_bytes)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -393,8 +403,12 @@ def open_trusted(path: str | os.PathLike[str], max_bytes: int,
         yield file
 
 
-def _check_open_file(path: str | os.PathLike[str], st: os.stat_result, owners: frozenset[int],
-                     max_bytes: int) -> None:
+def _check_file(path: str | os.PathLike[str], st: os.stat_result,
+                owners: frozenset[int], max_bytes: int) -> None:
+    """UnsafePath unless `st` is a regular file of one of `owners` (ANY_OWNER: anyone's) within
+    `max_bytes`."""
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(_LINK.format(path=path))
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePath(f"{path} is not a regular file; remove it or name a regular file")
     if st.st_uid not in owners:

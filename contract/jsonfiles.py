@@ -35,7 +35,12 @@ def read_json(path: str | os.PathLike[str], max_bytes: int, schema: Mapping[str,
     """The document in `path`; ValueError (UnsafePath for the file itself) in one line naming
     the file and what is wrong with it. FileNotFoundError passes through (a file replaced
     between listing and reading)."""
-    data = files.read_bytes(path, max_bytes, owners)
+    return parse_json(path, files.read_bytes(path, max_bytes, owners), schema)
+
+
+def parse_json(path: str | os.PathLike[str], data: bytes, schema: Mapping[str, Any]) -> Any:
+    """The document `data` (the contents of `path`, read by the caller); ValueError in one
+    line naming the file and what is wrong with it."""
     try:
         document = json.loads(data)
     except (ValueError, RecursionError) as e:

@@ -64,6 +64,11 @@ class OtlpJsonError(ValueError):
     field and what was found."""
 
 
+class TimeRangeError(OtlpJsonError):
+    """A span time past what kvscope's tables hold (int64 ns): a reader of a run refuses the
+    file rather than skipping it as a document of another kind."""
+
+
 # --- ids ------------------------------------------------------------------------------------
 
 def hex_id(raw: bytes) -> str:
@@ -321,7 +326,7 @@ def _check_times(span: trace_pb2.Span, where: str) -> None:
     for field, value in (("startTimeUnixNano", span.start_time_unix_nano),
                          ("endTimeUnixNano", span.end_time_unix_nano)):
         if value > MAX_TIME_NS:
-            raise OtlpJsonError(f"{where}.{field}: {value} is later than kvscope's times reach "
+            raise TimeRangeError(f"{where}.{field}: {value} is later than kvscope's times reach "
                                 f"({MAX_TIME_NS} ns after 1970, in the year 2262)")
 
 

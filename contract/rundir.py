@@ -13,7 +13,7 @@ import os
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -33,6 +33,11 @@ MANIFEST = "manifest.json"
 SPANS_DIR = "spans"
 SERVER_LOG = "server.log"
 BACKEND_STATS_DIR = "backend"  # RUN/backend/<pid>.json: each server process's disk counters
+# What a reader takes from a run at most (docs/security.md): a run may come from another host
+# or another user, so each file is read only if it is a regular file within its cap.
+MANIFEST_MAX_BYTES = 16 << 20  # a manifest is a few KB; its phases' vLLM configs a few more
+SPAN_FILE_MAX_BYTES = 256 << 20  # one export batch is ~1 MB; an OTLP request at most ~20 MB
+TABLE_MAX_BYTES = 16 << 30  # a parquet table; block_io of a day's run (10M I/Os) is ~300 MB
 REQUIRED_MANIFEST_KEYS = (
     "schema_version", "run_id", "created_at", "command", "model", "backend", "workload",
     "machine", "versions", "clock", "phases",
@@ -66,6 +71,8 @@ class TableSpec:
     # string columns of a few repeated values (phase, device, op...): read as categoricals, a
     # code per row instead of a string (block_io holds one row per I/O: 10M at a day's run)
     labels: tuple[str, ...] = ()
+    # columns every row has a value in (readers compute with them; a null is refused)
+    filled: tuple[str, ...] = ()
 
     @property
     def columns(self) -> list[str]:
@@ -81,11 +88,15 @@ I, F, S = pa.int64(), pa.float64(), pa.string()
 IO_TOTALS_COUNTERS = ("ios", "bytes", "queue_ns", "service_ns", "no_start", "no_issue")
 # All *_ns columns are CLOCK_MONOTONIC nanoseconds of the host; manifest["clock"]["offset_ns"]
 # maps them to epoch. Extra columns (block_io.insert_ns, io_totals' mean depths) are allowed.
+_REQUESTS = _schema(
+    request_id=S, phase=S, concurrency=I, prompt_index=I, trace_id=S, prompt_tokens=I,
+    cached_tokens=I, output_tokens=I, arrival_ns=I, first_token_ns=I, finish_ns=I, ttft_s=F,
+    e2e_s=F, status=S, error=S)
 TABLES: dict[str, TableSpec] = {
-    "requests": TableSpec("requests.parquet", _schema(
-        request_id=S, phase=S, concurrency=I, prompt_index=I, trace_id=S, prompt_tokens=I,
-        cached_tokens=I, output_tokens=I, arrival_ns=I, first_token_ns=I, finish_ns=I,
-        ttft_s=F, e2e_s=F, status=S, error=S), "workload driver (kvscope run)"),
+    "requests": TableSpec("requests.parquet", _REQUESTS, "workload driver (kvscope run)",
+                          # the driver writes -1 / "" for what it does not know; a failed
+                          # request's seconds are NaN, which parquet keeps as null
+                          filled=tuple(n for n in _REQUESTS.names if not n.endswith("_s"))),
     "block_io": TableSpec("block_io.parquet", _schema(
         phase=S, device=S, dev=S, sector=I, bytes=I, op=S, pid=I, tid=I, comm=S, start_ns=I,
         issue_ns=I, complete_ns=I, error=I), "probes (block probe)",
@@ -170,16 +181,55 @@ def create(run: Path, manifest: dict[str, Any]) -> Path:
     return run
 
 
+@contextmanager
+def open_file(path: Path, max_bytes: int) -> Iterator[IO[bytes]]:
+    """A file of a run open for reading: how every reader (analysis, the dashboard, exports)
+    reads a run's files, inputs and outputs alike. A run may have been copied from another
+    host or written by another user, so its files' owners are not checked (their contents are,
+    by type) but each must be a regular file within `max_bytes` (contract.files.open_trusted:
+    no link to /dev/zero, no FIFO to wait on, no device). RunDirError, in one line naming the
+    file, for that or for any read error in the block; FileNotFoundError passes through."""
+    with _refused_in_one_line(path):
+        with files.open_trusted(path, max_bytes, files.ANY_OWNER) as file:
+            yield file
+
+
+def read_file(path: Path, max_bytes: int) -> bytes:
+    """The contents of a run's file, read as `open_file` says."""
+    with _refused_in_one_line(path):
+        return files.read_bytes(path, max_bytes, files.ANY_OWNER)
+
+
+@contextmanager
+def _refused_in_one_line(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except files.UnsafePath as e:
+        raise RunDirError(str(e)) from None
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise RunDirError(f"{path}: {one_line(e.strerror or str(e))}") from None
+
+
+def one_line(text: str) -> str:
+    """`text` (an error another library wrote) as one line."""
+    return " ".join(text.split())
+
+
 def read_manifest(run: Path) -> dict[str, Any]:
     path = Path(run) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(read_file(path, MANIFEST_MAX_BYTES))
     except FileNotFoundError:
         raise RunDirError(f"{run} is not a kvscope run directory: {MANIFEST} is missing") from None
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{path} is not valid JSON ({e}); the run was cut short") from None
     except RecursionError:
         raise RunDirError(f"{path} is nested too deeply to be a manifest") from None
+    except RunDirError:
+        raise
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise RunDirError(f"{path} is not valid JSON ({one_line(str(e))}); the run was cut "
+                          "short") from None
     if not isinstance(manifest, dict):
         raise RunDirError(f"{path} holds a JSON {type(manifest).__name__}, not an object; it is "
                           "not a kvscope manifest")
@@ -212,7 +262,8 @@ def append_table(run: Path, name: str, frame: pd.DataFrame) -> None:
     path = table_path(run, name)
     with _locked(Path(run)):
         if path.exists():
-            frame = pd.concat([pd.read_parquet(path), frame], ignore_index=True)
+            with open_file(path, TABLE_MAX_BYTES) as file:
+                frame = pd.concat([pd.read_parquet(file), frame], ignore_index=True)
         with files.atomic_writer(path) as f:
             frame.to_parquet(f, index=False)
 
@@ -222,27 +273,51 @@ def read_table(run: Path, name: str, columns: Sequence[str] | None = None
     """The table, or None when this run has none (a producer was off). `columns`: only those
     of them the file has. Its label columns (TableSpec.labels) come as categoricals whose
     categories are in sorted order, so sorting or grouping by them orders rows as their
-    strings would."""
+    strings would. RunDirError when the file is not one parquet can read."""
     path = table_path(run, name)
     if not path.exists():
         return None
-    schema = pq.read_schema(path)
-    read = schema.names if columns is None else [c for c in columns if c in schema.names]
-    labels = [c for c in TABLES[name].labels if c in read
-              and (pa.types.is_string(schema.field(c).type)
-                   or pa.types.is_large_string(schema.field(c).type))]
-    frame = pd.read_parquet(path, columns=None if columns is None else read,
-                            read_dictionary=labels)
-    for c in labels:
-        frame[c] = frame[c].cat.reorder_categories(frame[c].cat.categories.sort_values())
+    with open_file(path, TABLE_MAX_BYTES) as file:
+        try:
+            frame = _read_parquet(file, TABLES[name], columns)
+        except pa.ArrowException as e:
+            raise _not_parquet(path, e) from None
+    _check_filled(path, TABLES[name], frame)
+    for c in frame.columns:
+        if isinstance(frame[c].dtype, pd.CategoricalDtype):
+            frame[c] = frame[c].cat.reorder_categories(frame[c].cat.categories.sort_values())
     return frame
 
 
+def _check_filled(path: Path, spec: TableSpec, frame: pd.DataFrame) -> None:
+    """RunDirError naming the first column of `spec.filled` that has a null in `frame`."""
+    for column in (c for c in spec.filled if c in frame.columns):
+        empty = frame[column].isna().to_numpy()
+        if empty.any():
+            raise RunDirError(f"{path}: column {column} is empty in {int(empty.sum())} rows "
+                              f"(the first is row {int(empty.argmax())}); every row has one")
+
+
+def _read_parquet(file: IO[bytes], spec: TableSpec, columns: Sequence[str] | None
+                  ) -> pd.DataFrame:
+    schema = pq.read_schema(file)
+    read = schema.names if columns is None else [c for c in columns if c in schema.names]
+    labels = [c for c in spec.labels if c in read
+              and (pa.types.is_string(schema.field(c).type)
+                   or pa.types.is_large_string(schema.field(c).type))]
+    return pd.read_parquet(file, columns=None if columns is None else read,
+                           read_dictionary=labels)
+
+
 def schema_problems(name: str, schema: pa.Schema) -> list[str]:
-    """How a file's schema breaks table `name`'s: missing columns, columns of the wrong type
-    (any integer width is an integer, an integer column may stand for a float one, an all-null
+    """How a file's schema breaks table `name`'s (`spec_problems`)."""
+    return spec_problems(TABLES[name], schema)
+
+
+def spec_problems(spec: TableSpec, schema: pa.Schema) -> list[str]:
+    """How a file's schema breaks `spec`'s: missing columns, columns of the wrong type (any
+    integer width is an integer, an integer column may stand for a float one, an all-null
     column of an empty table fits any type)."""
-    spec = TABLES[name]
     problems = []
     for want in spec.schema:
         if want.name not in schema.names:
@@ -302,12 +377,26 @@ def unreadable(run: Path) -> list[str]:
         if not path.exists():
             continue
         try:
-            schema = pq.read_schema(path)
-        except (pa.ArrowException, OSError) as e:
-            problems.append(f"{spec.file}: not a readable parquet file ({e})")
+            schema = read_schema(path)
+        except RunDirError as e:
+            problems.append(str(e))
             continue
         problems += [p for p in schema_problems(name, schema) if "missing column" not in p]
     return problems
+
+
+def read_schema(path: Path) -> pa.Schema:
+    """The schema in a parquet file's footer (no data is read); RunDirError naming the file
+    when it is not parquet."""
+    with open_file(path, TABLE_MAX_BYTES) as file:
+        try:
+            return pq.read_schema(file)
+        except pa.ArrowException as e:
+            raise _not_parquet(path, e) from None
+
+
+def _not_parquet(path: Path, error: Exception) -> RunDirError:
+    return RunDirError(f"{path}: not a readable parquet file ({one_line(str(error))})")
 
 
 def check_readable(run: Path) -> None:

@@ -44,6 +44,9 @@ SPAN_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
     ("request_id", pa.string()), ("service", pa.string()), ("pid", pa.int64()),
 )
+# Columns every span of a written table has a value in (cleaning drops a span whose request id
+# its trace cannot give; a missing parent id is "")
+FILLED = (*(name for name, _ in SPAN_FIELDS), REST)
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind in
                     (*SPAN_FIELDS, *TYPED_ATTRIBUTES.items(), (REST, pa.string()))])
 # What makes two rows one span (cleaning keeps the first), and what an exact copy repeats too

@@ -116,9 +116,9 @@ def _load_one(path: Path, label: str) -> RunData:
                              "pass a directory written by `kvscope run`")
     if current:
         attribution, summary = current[1], current[2]
-        ledger_file = path / rundir.CHUNK_LEDGER.file
-        chunks = pd.read_parquet(ledger_file) if ledger_file.exists() else \
-            rundir.CHUNK_LEDGER.schema.empty_table().to_pandas()
+        chunks = outputs.load_chunk_ledger(path)
+        if chunks is None:  # missing or damaged: made again, as the other outputs are
+            chunks = ledger.of_run(run)
     else:
         attribution = analysis.attribute(run)
         summary = analysis.summarize(run, attribution)

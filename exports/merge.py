@@ -17,8 +17,9 @@ def merged_otlp(run: Path) -> otlp_json.Request:
                          "tracing on (kvscope run --tracing, the default)")
     merged = otlp_json.Request()
     for path in files:
+        document = rundir.read_file(path, rundir.SPAN_FILE_MAX_BYTES)
         try:
-            merged.MergeFrom(otlp_json.loads(path.read_bytes()))
+            merged.MergeFrom(otlp_json.loads(document))
         except otlp_json.OtlpJsonError as e:
             raise ValueError(f"{path} is not an OTLP JSON document ({e}); remove or fix it") \
                 from None

@@ -32,7 +32,7 @@ from kvscope.capture.workload import system, vllm_metrics
 
 PHASE = "recording"
 SETTLE_S = 1.0  # the server's file exporter flushes every 200 ms
-MAX_SPAN_FILE_BYTES = 256 << 20  # one export batch is ~1 MB; an OTLP request at most ~20 MB
+MAX_SPAN_FILE_BYTES = rundir.SPAN_FILE_MAX_BYTES  # what analysis reads of one span file
 MAX_SPAN_BYTES = 16 << 30  # all span files copied
 MAX_SPAN_FILES = 1_000_000  # a busy server writes ~15 files a second: ~18 hours
 METRICS_MAX_BYTES = 16 << 20  # vLLM's /metrics page is ~100 KB

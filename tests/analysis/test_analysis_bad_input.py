@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -196,3 +200,208 @@ def test_a_tampered_run_is_refused_in_one_line_naming_file_and_field(run_copy, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and named in err and str(run_copy) in err, err
     assert not (run_copy / "summary.json").exists()
+
+
+def _first_span_file(run: Path) -> Path:
+    return sorted((run / "spans").glob("*.json"))[0]
+
+
+def _with_span(run: Path, **span: object) -> None:
+    """Add one span (the first span's ids and times unless given) to the run's first file."""
+    path = _first_span_file(run)
+    doc = json.loads(path.read_text())
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans.append({**spans[0], "spanId": "fe" * 8, **span})
+    path.write_text(json.dumps(doc))
+
+
+def _server_span_with_ttft(run: Path, ttft: object) -> None:
+    _with_span(run, traceId="ab" * 16, name="kvscope.server.request", attributes=[
+        {"key": "kvscope.request_id", "value": {"stringValue": "server-only"}},
+        {"key": "gen_ai.latency.time_to_first_token", "value": {"doubleValue": ttft}}])
+
+
+@pytest.mark.parametrize(("tamper", "named"), [
+    pytest.param(lambda p: _server_span_with_ttft(p, "NaN"),
+                 "synthetic-0000.json: span 'kvscope.server.request': "
+                 "gen_ai.latency.time_to_first_token is nan", id="server-ttft-nan"),
+    pytest.param(lambda p: _server_span_with_ttft(p, "Infinity"),
+                 "gen_ai.latency.time_to_first_token is inf", id="server-ttft-infinity"),
+    pytest.param(lambda p: _server_span_with_ttft(p, 1e300),
+                 "gen_ai.latency.time_to_first_token is 1e+300", id="server-ttft-1e300"),
+    pytest.param(lambda p: _with_span(p, endTimeUnixNano=str(2**64 - 1)),
+                 "endTimeUnixNano: 18446744073709551615 is later than kvscope's times reach",
+                 id="end-time-past-int64"),
+])
+def test_span_values_analysis_cannot_compute_with_are_refused_in_one_line(run_copy, capsys,
+                                                                         tamper, named):
+    """Issue 30: each was a traceback (ValueError, OverflowError) from the span table."""
+    from kvscope.cli import main
+
+    tamper(run_copy)
+    before = sorted(p.name for p in run_copy.iterdir())
+    assert main(["analyze", str(run_copy), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err and str(run_copy) in err, err
+    assert sorted(p.name for p in run_copy.iterdir()) == before  # nothing written
+
+
+def test_a_span_in_a_trace_where_no_span_names_its_request_is_left_out(run_copy):
+    """Issue 30: the request-id fill of such a trace was an ArrowTypeError (an untyped column)."""
+    _with_span(run_copy, traceId="ab" * 16, attributes=[])
+    run, frame, _ = _analyse(run_copy)
+    assert any("1 spans carry no kvscope.request_id" in p for p in run.problems)
+    assert "ab" * 16 not in set(run.spans["trace_id"])
+    truth = synthetic.expected(run_copy)
+    assert (frame["storage_read_ns"].astype("int64") == truth["storage_read_ns"]).all()
+
+
+MEMORY_CAP = 4 << 30  # the address space a child kvscope gets here: far below /dev/zero's
+
+
+def _kvscope(*argv: str) -> subprocess.CompletedProcess:
+    """The real `kvscope` command in a child process of at most MEMORY_CAP address space. One
+    that waits on a FIFO is killed after two minutes (TimeoutExpired fails the test)."""
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+    return subprocess.run([sys.executable, "-m", "kvscope.cli", *argv], capture_output=True,
+                          text=True, timeout=120, preexec_fn=cap_memory)
+
+
+def _replaced(path: Path, plant) -> None:
+    path.unlink(missing_ok=True)
+    plant(path)
+
+
+def _link_to_dev_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _tree(run: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(run)), p.lstat().st_mtime_ns) for p in run.rglob("*"))
+
+
+@pytest.mark.parametrize(("file", "plant"), [
+    pytest.param("spans/zero.json", _link_to_dev_zero, id="span-file-link-to-dev-zero"),
+    pytest.param("spans/fifo.json", os.mkfifo, id="span-file-fifo"),
+    pytest.param("spans/loop.json", lambda p: p.symlink_to(p.name), id="span-file-link-loop"),
+    pytest.param("manifest.json", os.mkfifo, id="manifest-fifo"),
+    pytest.param("requests.parquet", os.mkfifo, id="requests-fifo"),
+    pytest.param("requests.parquet", _link_to_dev_zero, id="requests-link-to-dev-zero"),
+])
+@pytest.mark.parametrize("command", ["analyze", "dashboard", "export"])
+def test_a_file_of_a_run_that_is_no_regular_file_is_refused_in_one_line(run_copy, tmp_path,
+                                                                       free_port, file, plant,
+                                                                       command):
+    """Issue 30: a span file linked to /dev/zero was a MemoryError; a FIFO span file or
+    manifest hung analyze and the dashboard. Now each is refused before it is opened."""
+    _replaced(run_copy / file, plant)
+    before = _tree(run_copy)
+    argv = {"analyze": ["analyze", str(run_copy), "--no-plots"],
+            "dashboard": ["dashboard", str(run_copy), "--port", str(free_port)],
+            "export": ["export", "perfetto", str(run_copy), "-o", str(tmp_path / "out.json")]}
+    done = _kvscope(*argv[command])
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and str(run_copy / file) in done.stderr, done.stderr
+    assert "regular file" in done.stderr or "symbolic link" in done.stderr, done.stderr
+    assert _tree(run_copy) == before and not (tmp_path / "out.json").exists()
+
+
+@pytest.fixture(scope="module")
+def analysed_run(synthetic_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic run with its outputs (read-only: tests that edit it copy it; a copy keeps
+    the files' times, so its outputs stay current)."""
+    from kvscope.analysis import outputs
+
+    run = Path(shutil.copytree(synthetic_run, tmp_path_factory.mktemp("analysed") / "run"))
+    outputs.analyze(run, plots=False)
+    return run
+
+
+def _edit_summary(run: Path, **changes: object) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, **changes}))
+
+
+def _edit_table(path: Path, edit) -> None:
+    table = pd.read_parquet(path)
+    edit(table).to_parquet(path, index=False)
+
+
+def _edit_span_table_meta(run: Path, key: str, value: str) -> None:
+    """spans.parquet again with footer metadata `key` set to the text `value`."""
+    import pyarrow.parquet as pq
+
+    path = run / "spans.parquet"
+    parquet = pq.ParquetFile(path)
+    meta = {k.decode(): v.decode() for k, v in parquet.metadata.metadata.items()
+            if k != b"ARROW:schema"}
+    table = parquet.read().replace_schema_metadata(None)
+    with pq.ParquetWriter(path, table.schema) as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata({**meta, key: value})
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+FINGERPRINT, NOTES, PROBLEMS = ("kvscope.spans.fingerprint", "kvscope.spans.notes",
+                                "kvscope.spans.problems")
+
+
+@pytest.mark.parametrize("tamper", [
+    pytest.param(lambda p: _edit_summary(p, groups=[1]), id="summary-groups-of-numbers"),
+    pytest.param(lambda p: _edit_summary(p, requests=[]), id="summary-requests-a-list"),
+    pytest.param(lambda p: _edit_summary(p, findings=["x"]), id="summary-findings-text"),
+    pytest.param(lambda p: (p / "summary.json").write_text(DEEP), id="summary-deep"),
+    pytest.param(lambda p: (p / "summary.json").write_bytes(b"\xff\xfe{"),
+                 id="summary-garbage-bytes"),
+    pytest.param(lambda p: _replaced(p / "summary.json", os.mkfifo), id="summary-fifo"),
+    pytest.param(lambda p: (p / "attribution.parquet").write_bytes(b"PAR1garbagePAR1"),
+                 id="attribution-garbage"),
+    pytest.param(lambda p: _edit_table(p / "attribution.parquet",
+                                       lambda t: t.drop(columns="ttft_ns")),
+                 id="attribution-missing-column"),
+    pytest.param(lambda p: _edit_table(p / "attribution.parquet",
+                                       lambda t: t.astype({"ttft_ns": str})),
+                 id="attribution-wrong-type"),
+    pytest.param(lambda p: (p / "chunk_ledger.parquet").write_bytes(b"\x00" * 64),
+                 id="ledger-garbage"),
+    pytest.param(lambda p: _edit_table(p / "chunk_ledger.parquet",
+                                       lambda t: t.drop(columns="request_id")),
+                 id="ledger-missing-column"),
+    pytest.param(lambda p: _edit_span_table_meta(p, FINGERPRINT, "{bad"),
+                 id="span-table-fingerprint-not-json"),
+    pytest.param(lambda p: _edit_span_table_meta(p, FINGERPRINT, DEEP),
+                 id="span-table-fingerprint-deep"),
+    pytest.param(lambda p: _edit_span_table_meta(p, NOTES, "[1]"), id="span-table-notes-a-list"),
+    pytest.param(lambda p: _edit_span_table_meta(p, PROBLEMS, "5"),
+                 id="span-table-problems-a-number"),
+    pytest.param(lambda p: _edit_table(p / "spans.parquet",
+                                       lambda t: t.astype({"start_ns": "float64"})),
+                 id="span-table-wrong-type"),
+    pytest.param(lambda p: (p / "spans.parquet").write_bytes(b"PAR1" * 8),
+                 id="span-table-garbage"),
+])
+def test_a_damaged_or_edited_output_is_made_again_as_a_stale_one_is(analysed_run, tmp_path,
+                                                                   capsys, tamper):
+    """Issue 30: outputs are outside inputs_fingerprint, so an edited copy was read as current
+    and gave tracebacks (JSONDecodeError, RecursionError, KeyError, AttributeError) in analyze,
+    the dashboard and compare. An output is a cache of the inputs: now one of the wrong shape
+    is taken for stale and made again, as a missing one is."""
+    from kvscope.analysis import spantable
+    from kvscope.analysis.run import clock_offset_ns
+    from kvscope.cli import main
+    from kvscope.dashboards import callbacks, data
+
+    run = Path(shutil.copytree(analysed_run, tmp_path / "run"))
+    tamper(run)
+    loaded = data.load_runs([run])
+    callbacks.update_summary_views(loaded, ["run"], None)
+    data.chunk_tally_of(loaded, ["run"])
+    truth = data.load_runs([analysed_run])
+    assert sorted(zip(loaded["run"].attribution["key"], loaded["run"].attribution["ttft_ns"])) \
+        == sorted(zip(truth["run"].attribution["key"], truth["run"].attribution["ttft_ns"]))
+    assert main(["compare", str(run), str(analysed_run), "--boot", "10"]) == 0
+    assert main(["export", "perfetto", str(run), "-o", str(tmp_path / "trace.json")]) == 0
+    assert main(["analyze", str(run), "--no-plots"]) == 0, capsys.readouterr().err
+    assert spantable._current(run, clock_offset_ns(run)) is not None  # made again, current

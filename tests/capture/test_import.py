@@ -419,3 +419,19 @@ def test_an_answer_past_the_cap_is_refused_in_one_line(tmp_path, capsys, oversiz
     err = capsys.readouterr().err
     assert err.startswith(f"kvscope import: {url}/api/v3/traces?") and says in err, err[:500]
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_foreign_trace_beside_the_servers_imports_and_analyses(otlp_dir, tmp_path, capsys):
+    """Issue 30: a Collector's file holding another service's trace too (no span of it carries
+    kvscope.request_id) imported, but analyze stopped on an ArrowTypeError filling request ids
+    from that trace. Its spans are now left out and counted; the server's requests analyse."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(otlp_dir, "shop")))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("GET /cart", start_time=T0):
+        tracer.start_span("SELECT carts", start_time=T0 + MS).end(end_time=T0 + 5 * MS)
+    provider.shutdown()
+    _import_and_analyze([str(otlp_dir)], tmp_path / "run", capsys)
+    assert main(["analyze", str(tmp_path / "run"), "--no-plots"]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert any("2 spans carry no kvscope.request_id" in p for p in summary["problems"])
