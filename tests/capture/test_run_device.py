@@ -70,3 +70,16 @@ def test_a_manifest_device_of_the_wrong_shape_makes_the_run_unreadable():
     good = {"device": {"kind": "twin", "name": "loop3", "profile": {}, "stack_latency_us": 210.5}}
     assert jsonfiles.shape_problems(good, rundir.MANIFEST_SCHEMA) == []
     assert jsonfiles.shape_problems({}, rundir.MANIFEST_SCHEMA) == []  # older runs have none
+
+
+def test_the_demo_names_the_real_disk_or_the_twin_it_reads(tmp_path):
+    from kvscope.capture.device_twin import PROFILES, Twin
+    from kvscope.contract.host import whole_disk
+
+    where = tmp_path / "not-made-yet" / "kv"
+    disk = device.section_for(None, where)
+    assert disk == {"kind": "disk", "name": whole_disk(tmp_path)}
+    assert device.describe(disk, where) == f"{disk['name'] or '?'} (the real disk under {where})"
+    twin = Twin("/dev/loop3", str(tmp_path), PROFILES["nvmeof-tcp-x4"], 210.0)
+    assert device.describe(device.manifest_section(twin, "loop3"), tmp_path) == (
+        f"loop3, twin nvmeof-tcp-x4 ({PROFILES['nvmeof-tcp-x4'].about})")
