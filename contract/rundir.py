@@ -57,6 +57,10 @@ MANIFEST_SCHEMA = {
             "started_ns": _INTEGER, "ended_ns": _INTEGER, "vllm": _OBJECT}}},
         **dict.fromkeys(("model", "backend", "workload", "machine", "versions", "server",
                          "tracer", "disk_backend", "recording", "probes", "study"), _OBJECT),
+        # the block device the chunks were read from (runs before issue 31 have none)
+        "device": {"type": "object", "required": ["kind", "name"], "properties": {
+            "kind": {"enum": ["disk", "twin"]}, "name": {"type": "string"},
+            "profile": _OBJECT, "stack_latency_us": {"type": "number"}}},
     },
 }
 

@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.capture import ceiling
+from kvscope.capture.device_twin import Twin
 from kvscope.contract import files, rundir
 from kvscope.contract.ceiling import Ceiling, best_of
 from kvscope.capture.workload import profiles
+from kvscope.capture.workload.kvdir import DEFAULT_ROOT
 from kvscope.capture.workload.options import RunOptions
 from kvscope.capture.workload.runner import execute
 from kvscope.study_options import StudyOptions
@@ -68,7 +70,7 @@ def warm_group(profile: str) -> str | None:
             f"{extra.get('storage_plugin.kvscope.class_name')} chunk format v{chunkfile.VERSION}")
 
 
-def plan(opts: StudyOptions) -> list[Step]:
+def plan(opts: StudyOptions, twin: Twin | None = None) -> list[Step]:
     """The study's runs in order. With a stock profile (no warm group) and persistent ones, the
     first stock profile runs first and its warm phase also stores kvscope's format (a write-only
     tier: stock's own tier serves every stock hit) and each peer format (tiers LMCache asks
@@ -77,7 +79,8 @@ def plan(opts: StudyOptions) -> list[Step]:
     profile of each warm group warms and the rest of it reuse its chunk files."""
     from kvscope.capture.workload import peers
 
-    base = opts.kv_dir_base or Path("/var/tmp/kvscope") / f"kv-{opts.out.name}"
+    root = Path(twin.mountpoint) if twin is not None else DEFAULT_ROOT
+    base = opts.kv_dir_base or root / f"kv-{opts.out.name}"
     groups = {p: warm_group(p) if opts.share_warm else None for p in opts.profiles}
     hosted = list(dict.fromkeys(g for g in groups.values() if g is not None))
     host = next((p for p, g in groups.items() if g is None), None) if hosted else None
@@ -104,12 +107,13 @@ def plan(opts: StudyOptions) -> list[Step]:
     return steps
 
 
-def run_study(opts: StudyOptions) -> dict[str, Path]:
+def run_study(opts: StudyOptions, twin: Twin | None = None) -> dict[str, Path]:
     """Run every profile, measure the ceiling again after each, give the study one ceiling per
-    device, then analyse each run against it; returns {profile: run directory}."""
+    device, then analyse each run against it; returns {profile: run directory}. `twin`: the
+    device twin `opts.device` names, which the caller holds up for the whole study."""
     from kvscope.analysis import outputs
 
-    steps = plan(opts)
+    steps = plan(opts, twin)
     runs: dict[str, Path] = {}
     after: dict[str, Ceiling | None] = {}
     busy: dict[str, Any] | None = None
@@ -121,7 +125,8 @@ def run_study(opts: StudyOptions) -> dict[str, Path]:
                 requests=opts.requests, concurrency=opts.concurrency,
                 prompt_tokens=opts.prompt_tokens, port=opts.port, command=opts.command,
                 phases=step.phases, kv_dir=step.kv_dir, copy_kv_dir=step.copy_dir,
-                peer_copies=step.peer_copies, keep_kv=True, **extra,
+                peer_copies=step.peer_copies, keep_kv=True, device=opts.device, twin=twin,
+                **extra,
             ))
             runs[step.profile] = run
             after[step.profile] = ceiling.measure(step.kv_dir, when="after the last cold phase")

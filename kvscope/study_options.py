@@ -22,5 +22,6 @@ class StudyOptions:
     port: int = 8000
     models_dir: Path | None = None
     kv_dir_base: Path | None = None  # chunk files go to <base>/kv-<profile or warm group>
+    device: str = "disk"  # or twin:<profile> (capture/workload/device.py)
     share_warm: bool = True  # profiles of one chunk format share one warm phase
     command: list[str] = field(default_factory=list)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvscope.capture.device_twin import Twin
 
 
 @dataclass
@@ -32,3 +36,5 @@ class RunOptions:
     tracing: bool = True
     command: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    device: str = "disk"  # or twin:<profile> (capture/workload/device.py)
+    twin: "Twin | None" = None  # the twin `device` names, when the caller holds it (a study)

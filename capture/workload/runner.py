@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,9 +19,9 @@ from tqdm import tqdm
 
 from kvscope.capture import ceiling, twins
 from kvscope.contract import clock, env, host, manifest, rundir
-from kvscope.capture.workload import peers, profiles, prompts, system, vllm_metrics
+from kvscope.capture.workload import device, peers, profiles, prompts, system, vllm_metrics
 from kvscope.capture.workload.client import RequestPlan, RequestRecord, run_requests
-from kvscope.capture.workload.kvdir import RunKVDir
+from kvscope.capture.workload.kvdir import DEFAULT_ROOT, RunKVDir
 from kvscope.capture.workload.options import RunOptions
 from kvscope.capture.workload.observers import DiskBackendObserver, ProbeObserver
 from kvscope.capture.workload.server import ServerConfig, VLLMServer
@@ -68,6 +68,9 @@ def validate(opts: RunOptions) -> tuple[twins.TwinSpec, profiles.Profile, list[P
     """Check every input before anything starts; raise with what to change."""
     spec = twins.get(opts.model)
     profile = profiles.get(opts.profile)
+    device.check(opts.device)
+    if opts.twin is None:
+        device.refuse_place(opts.device, opts.kv_dir, "--kv-dir")
     phases = plan_phases(opts.phases, opts.concurrency, opts.warm_concurrency)
     context = opts.prompt_tokens + opts.max_tokens
     if context > spec.max_position_embeddings:
@@ -104,6 +107,7 @@ def _manifest(opts: RunOptions, spec: twins.TwinSpec, profile: profiles.Profile,
             "kv_bytes_per_chunk": spec.kv_bytes_per_chunk,
             "max_model_len": opts.prompt_tokens + opts.max_tokens,
         },
+        device=device.manifest_section(opts.twin, host.whole_disk(kv_dir)),
         backend={"profile": profile.name, "summary": profile.summary,
                  "lmcache": lmcache, "disk_path": str(kv_dir),
                  "copy_disk_path": str(opts.copy_kv_dir) if opts.copy_kv_dir else None},
@@ -248,10 +252,23 @@ def _start_tracing(run: Path, opts: RunOptions, offset: clock.ClockOffset):
 
 
 def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> Path:
-    """Validate, make the twin, start the server, run every phase, always stop the server."""
-    spec, profile, phases = validate(opts)
+    """Validate, make the model twin (and the device twin `opts.device` names, unless the
+    caller holds it), start the server, run every phase, always stop the server and the twin."""
+    checked = validate(opts)
+    if opts.twin is not None or device.twin_profile(opts.device) is None:
+        return _execute(opts, checked, observers)
+    with device.held(opts.device, DEFAULT_ROOT) as twin:
+        return _execute(replace(opts, twin=twin), checked, observers)
+
+
+def _execute(opts: RunOptions, checked: tuple[twins.TwinSpec, profiles.Profile, list[Phase]],
+             observers: list[PhaseObserver] | None) -> Path:
+    spec, profile, phases = checked
     model_dir, _ = twins.make(spec, opts.models_dir / spec.name)
-    kv = RunKVDir.prepare(opts.kv_dir, opts.out.name)
+    kv_dir_asked = opts.kv_dir
+    if opts.twin is not None and kv_dir_asked is None:
+        kv_dir_asked = Path(opts.twin.mountpoint) / f"kv-{opts.out.name}"
+    kv = RunKVDir.prepare(kv_dir_asked, opts.out.name)
     kv_dir = kv.path
     system.check_writable_dir(kv_dir)
     copy = RunKVDir.prepare(opts.copy_kv_dir, opts.out.name) if opts.copy_kv_dir else None
@@ -284,14 +301,14 @@ def execute(opts: RunOptions, observers: list[PhaseObserver] | None = None) -> P
                 "argv": config.argv(), "env": config.env(run / "lmcache.yaml"),
                 "startup_s": round(server.startup_s, 2),
             })
-            device = host.whole_disk(kv_dir)
+            disk = host.whole_disk(kv_dir)
             watching = list(observers or [])
             if opts.probes:
-                watching.insert(0, ProbeObserver(device))
+                watching.insert(0, ProbeObserver(disk))
             watching.append(disk_backend)
             if tracing is not None:
                 watching.append(tracing)
-            live = LiveRun(run, server, kv_dir, copy.path if copy else None, device,
+            live = LiveRun(run, server, kv_dir, copy.path if copy else None, disk,
                            prompt_ids, expected_chunks(prompt_ids), spec.kv_bytes_per_chunk,
                            opts.max_tokens, watching, tracing.client if tracing else None,
                            {f: d.path for f, d in peer_copies.items()})

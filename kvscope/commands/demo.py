@@ -21,6 +21,7 @@ HEADLINE_COLUMNS = ["profile", "conc", "ttft_p50_s", "ttft_p99_s", "storage_read
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvscope.capture.workload import device
     from kvscope.commands.run import _levels
     from kvscope.study_options import StudyOptions
 
@@ -42,10 +43,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--kv-dir-base", type=Path,
                    help="put each profile's chunk files under this directory (the disk to measure)")
+    p.add_argument("--device", default=d.device, help=device.help_text())
     p.add_argument("--no-shared-warm", dest="share_warm", action="store_false",
                    help="give every profile its own warm phase (by default profiles of one chunk "
                    "format share the first one's: same chunks on disk, read cold by each)")
     p.set_defaults(func=run)
+
+
+def _ceiling_words(runs: dict[str, Path]) -> str:
+    """The study's measured ceiling on the device its runs read (one device per study)."""
+    from kvscope.contract import rundir
+
+    measured = rundir.read_manifest(next(iter(runs.values()))).get("study", {}).get(
+        "device_ceiling")
+    if not measured:
+        return "its ceiling could not be measured"
+    return (f"ceiling {measured['bytes_per_s'] / 1e9:.2f} GB/s ({measured['unit'] >> 10} KiB "
+            f"reads, {measured['depth']} in flight)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     from kvscope.analysis import (study_peers, study_report, study_tables, study_targets,
                                   study_verdict)
     from kvscope.contract.study_roles import BASELINE, CANDIDATE
+    from kvscope.capture.device_twin import DeviceTwinError
+    from kvscope.capture.workload import device
+    from kvscope.capture.workload.kvdir import DEFAULT_ROOT
     from kvscope.capture.workload.server import ServerError
     from kvscope.capture.workload.system import HostError
 
@@ -61,14 +78,20 @@ def run(args: argparse.Namespace) -> int:
         out=out, model=args.model, profiles=[p for p in args.profiles.split(",") if p],
         requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
         port=args.port, kv_dir_base=args.kv_dir_base, share_warm=args.share_warm,
-        command=sys.argv)
+        device=args.device, command=sys.argv)
     started = time.monotonic()
     try:
+        device.check(opts.device)  # a bad --device, or a twin without root: before any work
+        device.refuse_place(opts.device, opts.kv_dir_base, "--kv-dir-base")
         said = estimate.words(opts, estimate.fp32_gflops(), estimate.bf16_native(),
                               os.getloadavg()[0], os.cpu_count() or 1)
         print(f"kvscope demo: {said}", flush=True)
-        runs = study.run_study(opts)
-    except (ValueError, HostError, ServerError, FileExistsError) as e:
+        with device.held(opts.device, DEFAULT_ROOT) as twin:
+            where = Path(twin.mountpoint) if twin else opts.kv_dir_base or DEFAULT_ROOT
+            read_from = device.describe(device.section_for(twin, where), where)
+            print(f"kvscope demo: device: {read_from}", flush=True)
+            runs = study.run_study(opts, twin)
+    except (ValueError, HostError, ServerError, FileExistsError, DeviceTwinError) as e:
         print(f"kvscope demo: error: {e}", file=sys.stderr)
         return 2
     table = study_tables.headline(runs)
@@ -82,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         print("\ntargets (read >= 0.95x ceiling, disk busy >= 90 %, TTFT p50 <= 1.2x floor):")
         print(targets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         print("\n".join(study_targets.target_reasons(runs, targets)))
-    print(f"\nreport:    {report}")
+    print(f"\ndevice:    {read_from}, {_ceiling_words(runs)}")
+    print(f"report:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")
     print("jaeger:    .venv/bin/kvscope export otlp RUN, then Jaeger UI > Search > Upload JSON; "
           "or set OTEL_EXPORTER_OTLP_ENDPOINT=http://<jaeger>:4317 before the run (docs/tracing.md)")

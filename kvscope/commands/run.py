@@ -23,6 +23,7 @@ def _levels(text: str) -> list[int]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvscope.capture.workload import device
     from kvscope.capture.workload.profiles import PROFILES
     from kvscope.capture.workload.options import RunOptions
 
@@ -50,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warm-concurrency", type=int, default=defaults.warm_concurrency,
                    help="requests in flight while warming (1: every prompt stored whole)")
     p.add_argument("--kv-dir", type=Path, help="where LMCache keeps chunks (default /var/tmp/kvscope)")
+    p.add_argument("--device", default=defaults.device, help=device.help_text())
     p.add_argument("--keep-kv", action="store_true", help="keep the chunk files after the run")
     p.add_argument("--host", default=defaults.host)
     p.add_argument("--port", type=int, default=defaults.port)
@@ -73,7 +75,7 @@ def options_from_args(args: argparse.Namespace):
         requests=args.requests, concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
         shared_prefix_tokens=args.shared_prefix_tokens, max_tokens=args.max_tokens,
         phases=[p for p in args.phases.split(",") if p], warm_concurrency=args.warm_concurrency,
-        kv_dir=args.kv_dir,
+        kv_dir=args.kv_dir, device=args.device,
         keep_kv=args.keep_kv, host=args.host, port=args.port, seed=args.seed,
         kv_cache_gib=args.kv_cache_gib, probes=args.probes, tracing=args.tracing,
         command=sys.argv,
@@ -91,6 +93,7 @@ def _terminate(signum: int, _frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvscope.patched_backend.parallel_disk.dirlock import DirectoryInUse
 
+    from kvscope.capture.device_twin import DeviceTwinError
     from kvscope.capture.workload import report
     from kvscope.capture.workload.runner import execute
     from kvscope.capture.workload.server import ServerError
@@ -101,11 +104,13 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, _terminate)
     try:
         path = execute(opts)
-    except (ValueError, HostError, ServerError, FileExistsError, DirectoryInUse) as e:
+    except (ValueError, HostError, ServerError, FileExistsError, DirectoryInUse,
+            DeviceTwinError) as e:
         print(f"kvscope run: error: {e}", file=sys.stderr)
         return 2
     except Terminated as e:
-        print(f"kvscope run: stopped by {e}; the server was stopped", file=sys.stderr)
+        print(f"kvscope run: stopped by {e}; the server (and any device twin) was stopped",
+              file=sys.stderr)
         return 128 + getattr(signal, str(e)).value
     print(report.phase_table(path))
     print(f"\nrun directory: {path}")
