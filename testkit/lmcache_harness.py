@@ -122,3 +122,26 @@ def chunk_path(directory: Any, i: int) -> str:
     from kvscope.patched_backend.parallel_disk.chunkfile import file_name
 
     return os.path.join(str(directory), file_name(key(i).to_string()))
+
+
+class RecordingSink:
+    """A load-error sink (handoff.LoadErrorSink) that keeps the token ranges reported to it,
+    standing in for vLLM's failed-block list."""
+
+    def __init__(self) -> None:
+        self.reported: list[tuple[int, int]] = []
+
+    def __call__(self, kwargs: dict, start: int, end: int) -> bool:
+        self.reported.append((start, end))
+        return True
+
+
+def flip_payload_byte(path: Any, offset: int) -> None:
+    """Flip one byte of a chunk file's payload (`offset` past its header): its XXH3 fails."""
+    from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE
+
+    with open(path, "r+b") as f:
+        f.seek(HEADER_SIZE + offset)
+        byte = f.read(1)
+        f.seek(HEADER_SIZE + offset)
+        f.write(bytes([byte[0] ^ 0xFF]))

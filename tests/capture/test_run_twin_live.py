@@ -26,14 +26,18 @@ def _twin_traces() -> list[str]:
     return [line for line in (loops + mounts).splitlines() if "kvscope-twin-" in line]
 
 
+def _run_on_a_twin(run: Path, *options: str) -> list[str]:
+    """`kvscope run` of the tiny twin on the x4 NVMe-oF twin into `run`, with `options`."""
+    return [sys.executable, "-m", "kvscope.cli", "run", "--model", "tiny", "--prompt-tokens",
+            "600", "--device", "twin:nvmeof-tcp-x4", "--port", str(free_tcp_port()),
+            "--no-tracing", "--out", str(run), *options]
+
+
 def test_a_run_on_a_twin_reads_its_chunks_cold_through_the_twins_loop_device(tmp_path):
     assert _twin_traces() == [], "a twin from elsewhere would blur this test"
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvscope.cli", "run", "--model", "tiny", "--requests", "2",
-         "--prompt-tokens", "600", "--concurrency", "1", "--device", "twin:nvmeof-tcp-x4",
-         "--port", str(free_tcp_port()), "--no-tracing", "--out", str(run)],
-        capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(_run_on_a_twin(run, "--requests", "2", "--concurrency", "1"),
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = rundir.read_manifest(run)
     device = manifest["device"]
@@ -53,9 +57,7 @@ def test_ctrl_c_during_a_run_on_a_twin_leaves_no_twin_behind(tmp_path):
     assert _twin_traces() == [], "a twin from elsewhere would blur this test"
     run = tmp_path / "run"
     driver = subprocess.Popen(
-        [sys.executable, "-m", "kvscope.cli", "run", "--model", "tiny", "--phases", "warm",
-         "--requests", "400", "--prompt-tokens", "600", "--device", "twin:nvmeof-tcp-x4",
-         "--port", str(free_tcp_port()), "--no-probes", "--no-tracing", "--out", str(run)],
+        _run_on_a_twin(run, "--phases", "warm", "--requests", "400", "--no-probes"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + START_WAIT_S
     while not (run / rundir.MANIFEST).exists() and driver.poll() is None:

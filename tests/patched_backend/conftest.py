@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvscope.patched_backend.parallel_disk import hooks
-from kvscope.testkit.lmcache_harness import Harness
+from kvscope.testkit.lmcache_harness import Harness, copy_connector, lmcache_config
 from kvscope.tracer import runtime
 from kvscope.tracer.spans import RequestTrace
 from kvscope.tracer.storage import ParallelReadListener
@@ -24,6 +24,37 @@ from kvscope.tracer.storage import ParallelReadListener
 def _seeded() -> None:
     random.seed(0)
     torch.manual_seed(0)
+
+
+def _bare(inner: Any, config: Any, meta: Any) -> Any:
+    return inner
+
+
+@pytest.fixture
+def lmcache_engines(tmp_path: Any) -> Iterator[Callable[..., tuple[Any, Any]]]:
+    """``make(meta, wrap, **knobs)``: a real LMCacheEngine of ``meta`` on ``tmp_path/kv``, its
+    connector the copy connector as ``wrap(inner, config, meta)`` returns it; (engine,
+    connector). One engine at a time: it holds the directory's lock."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    names: list[str] = []
+
+    def make(meta: Any, wrap: Callable[[Any, Any, Any], Any] = _bare,
+             **knobs: Any) -> tuple[Any, Any]:
+        if names:
+            LMCacheEngineBuilder.destroy(names.pop())
+        config = lmcache_config(str(tmp_path / "kv"), **knobs)
+        connector = wrap(copy_connector(meta.kv_shape), config, meta)
+        name = f"kvscope-engine-{len(names)}-{random.getrandbits(32):08x}"
+        engine = LMCacheEngineBuilder.get_or_create(
+            name, config, meta, connector, lambda tensor, src: None, lambda obj, src: obj)
+        engine.post_init()
+        names.append(name)
+        return engine, connector
+
+    yield make
+    for name in names:
+        LMCacheEngineBuilder.destroy(name)
 
 
 @pytest.fixture

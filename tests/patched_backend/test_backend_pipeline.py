@@ -9,52 +9,30 @@ a chunk fails after it was handed out. vLLM's failed-block list is a recording s
 
 import logging
 import os
-import uuid
 
 import pytest
 import torch
 
 from kvscope.patched_backend.parallel_disk import handoff
-from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, file_name
+from kvscope.patched_backend.parallel_disk.chunkfile import file_name
 from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector
-from kvscope.testkit.lmcache_harness import (CHUNK, HEAD_DIM, HEADS, LAYERS, copy_connector,
-                                             lmcache_config, metadata)
+from kvscope.testkit.lmcache_harness import (CHUNK, HEAD_DIM, HEADS, LAYERS, RecordingSink,
+                                             flip_payload_byte, metadata)
 
 CHUNKS = 4
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.reported: list[tuple[int, int]] = []
-
-    def __call__(self, kwargs: dict, start: int, end: int) -> bool:
-        self.reported.append((start, end))
-        return True
-
-
 @pytest.fixture
-def engine_factory(tmp_path):
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
-
-    names: list[str] = []
+def engine_factory(lmcache_engines):
+    """``make(sink)``: an engine of the test geometry; with a sink, its connector pipelined."""
 
     def make(sink=None, **knobs):
-        if names:  # one engine at a time on the directory (it holds the directory's lock)
-            LMCacheEngineBuilder.destroy(names.pop())
-        meta = metadata()
-        inner = copy_connector(meta.kv_shape)
-        connector = inner if sink is None else PipelinedConnector(inner, sink)
-        name = f"kvscope-pipe-{uuid.uuid4().hex[:8]}"
-        engine = LMCacheEngineBuilder.get_or_create(
-            name, lmcache_config(str(tmp_path / "kv"), **knobs), meta, connector,
-            lambda tensor, src: None, lambda obj, src: obj)
-        engine.post_init()
-        names.append(name)
-        return engine, connector
+        def wrap(inner, config, meta):
+            return inner if sink is None else PipelinedConnector(inner, sink)
 
-    yield make
-    for name in names:
-        LMCacheEngineBuilder.destroy(name)
+        return lmcache_engines(metadata(), wrap, **knobs)
+
+    return make
 
 
 def _source(tokens: int) -> torch.Tensor:
@@ -80,7 +58,7 @@ def test_each_chunk_is_copied_while_later_chunks_are_read(engine_factory, events
     tokens = torch.arange(CHUNKS * CHUNK)
     source = _source(len(tokens))
     _stored(engine_factory, tokens, source)
-    sink = _Sink()
+    sink = RecordingSink()
     engine, connector = engine_factory(sink, **SLOW)
     target = torch.zeros_like(source)
     hit = engine.retrieve(tokens, kvbuf=target)
@@ -102,12 +80,8 @@ def test_a_chunk_failing_after_the_handoff_is_never_copied_and_reported(engine_f
     source = _source(len(tokens))
     names = _stored(engine_factory, tokens, source)
     path = os.path.join(str(tmp_path / "kv"), names[2])
-    with open(path, "r+b") as f:  # one payload byte of chunk 2 flipped: its XXH3 fails
-        f.seek(HEADER_SIZE + 4321)
-        byte = f.read(1)
-        f.seek(HEADER_SIZE + 4321)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    sink = _Sink()
+    flip_payload_byte(path, 4321)  # one payload byte of chunk 2: its XXH3 fails
+    sink = RecordingSink()
     engine, connector = engine_factory(sink, **SLOW)
     backend = engine.storage_manager.storage_backends["kvscope"]
     pool = backend.local_cpu_backend.memory_allocator.pin_allocator
@@ -136,14 +110,6 @@ def test_without_a_consumer_the_get_waits_for_every_chunk(engine_factory, events
     assert torch.equal(target, source)
 
 
-def _corrupt(path: str) -> None:
-    with open(path, "r+b") as f:  # one payload byte flipped: the chunk's XXH3 fails
-        f.seek(HEADER_SIZE + 4321)
-        byte = f.read(1)
-        f.seek(HEADER_SIZE + 4321)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def _keys(engine, tokens):
     return [key for _, _, key in engine.token_database.process_tokens(tokens)]
 
@@ -155,8 +121,8 @@ def test_a_get_outside_a_pipelined_retrieve_verifies_before_it_returns(engine_fa
     tokens = torch.arange(CHUNKS * CHUNK)
     source = _source(len(tokens))
     names = _stored(engine_factory, tokens, source)
-    _corrupt(os.path.join(str(tmp_path / "kv"), names[2]))
-    engine, _ = engine_factory(_Sink(), **SLOW)
+    flip_payload_byte(os.path.join(str(tmp_path / "kv"), names[2]), 4321)
+    engine, _ = engine_factory(RecordingSink(), **SLOW)
     objs = engine.storage_manager.batched_get(_keys(engine, tokens), location="kvscope")
     assert objs[2:] == [None, None]
     for i, obj in enumerate(objs[:2]):
@@ -171,7 +137,7 @@ def test_chunks_handed_out_but_never_taken_are_settled_when_the_pipelined_get_en
     tokens = torch.arange(CHUNKS * CHUNK)
     source = _source(len(tokens))
     _stored(engine_factory, tokens, source)
-    engine, _ = engine_factory(_Sink(), **SLOW)
+    engine, _ = engine_factory(RecordingSink(), **SLOW)
     backend = engine.storage_manager.storage_backends["kvscope"]
     pool = backend.local_cpu_backend.memory_allocator.pin_allocator
     used_before = pool.total_allocated_size

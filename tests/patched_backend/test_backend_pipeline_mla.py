@@ -13,16 +13,15 @@ into a CPU tensor standing in for the paged KV cache (the GPU is what cannot run
 """
 
 import os
-import uuid
 
 import pytest
 import torch
 
 from kvscope.patched_backend.parallel_disk import lmcache_config
-from kvscope.patched_backend.parallel_disk.chunkfile import HEADER_SIZE, file_name
+from kvscope.patched_backend.parallel_disk.chunkfile import file_name
 from kvscope.patched_backend.parallel_disk.pipelined_connector import PipelinedConnector
 from kvscope.patched_backend.vllm_cpu import plugin
-from kvscope.testkit.lmcache_harness import CHUNK, MODEL, copy_connector
+from kvscope.testkit.lmcache_harness import CHUNK, MODEL, RecordingSink, flip_payload_byte
 from kvscope.testkit.lmcache_harness import lmcache_config as harness_config
 
 LAYERS, LATENT = 3, 512 + 64  # DeepSeek-V2/V3: kv_lora_rank 512, qk_rope_head_dim 64
@@ -44,38 +43,11 @@ def _latent(tokens: int) -> torch.Tensor:
     return torch.randn(1, LAYERS, tokens, LATENT, generator=gen).to(torch.bfloat16)
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.reported: list[tuple[int, int]] = []
-
-    def __call__(self, kwargs: dict, start: int, end: int) -> bool:
-        self.reported.append((start, end))
-        return True
-
-
 @pytest.fixture
-def mla_engines(tmp_path):
-    """``make(wrap)``: an MLA LMCacheEngine on ``tmp_path/kv``; ``wrap`` turns the copy
-    connector into the one the engine gets (one engine at a time: it holds the dir's lock)."""
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
-
-    names: list[str] = []
-
-    def make(wrap=lambda inner, config, meta: inner, **knobs):
-        if names:
-            LMCacheEngineBuilder.destroy(names.pop())
-        meta, config = _mla_metadata(), harness_config(str(tmp_path / "kv"), **knobs)
-        connector = wrap(copy_connector(meta.kv_shape), config, meta)
-        name = f"kvscope-mla-{uuid.uuid4().hex[:8]}"
-        engine = LMCacheEngineBuilder.get_or_create(
-            name, config, meta, connector, lambda tensor, src: None, lambda obj, src: obj)
-        engine.post_init()
-        names.append(name)
-        return engine, connector
-
-    yield make
-    for name in names:
-        LMCacheEngineBuilder.destroy(name)
+def mla_engines(lmcache_engines):
+    """``make(wrap)``: an MLA engine; ``wrap`` turns the copy connector into the engine's."""
+    return lambda wrap=lambda inner, config, meta: inner, **knobs: lmcache_engines(
+        _mla_metadata(), wrap, **knobs)
 
 
 def _store_and_corrupt(make, tmp_path, tokens, source, chunk: int) -> str:
@@ -86,11 +58,7 @@ def _store_and_corrupt(make, tmp_path, tokens, source, chunk: int) -> str:
     names = [file_name(key.to_string())
              for _, _, key in engine.token_database.process_tokens(tokens)]
     path = os.path.join(str(tmp_path / "kv"), names[chunk])
-    with open(path, "r+b") as f:  # one payload byte flipped: the chunk's XXH3 fails
-        f.seek(HEADER_SIZE + 999)
-        byte = f.read(1)
-        f.seek(HEADER_SIZE + 999)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    flip_payload_byte(path, 999)
     return path
 
 
@@ -117,7 +85,7 @@ def test_an_mla_engine_copies_only_verified_chunks_even_with_the_pipelined_conne
     tokens = torch.arange(CHUNKS * CHUNK)
     source = _latent(len(tokens))
     _store_and_corrupt(mla_engines, tmp_path, tokens, source, chunk=2)
-    sink = _Sink()
+    sink = RecordingSink()
     engine, _ = mla_engines(lambda inner, config, meta: PipelinedConnector(inner, sink), **SLOW)
     _assert_only_verified_chunks_copied(engine, tokens, source, corrupt=2)
 
