@@ -87,9 +87,9 @@ def _pipeline_retrieves() -> None:
     """Wrap ``LMCacheEngine.retrieve`` once in this process (a no-op for other engines)."""
     surface = upstream.ENGINE_RETRIEVE
     owner = operator.attrgetter(surface.owner)(importlib.import_module(surface.module))
-    method = getattr(owner, surface.name)
-    while isinstance(method, wrapt.FunctionWrapper):  # the tracer may have wrapped it too
-        if method._self_wrapper is _pipelined_retrieve:
+    method = vars(owner)[surface.name]  # as stored: getattr would hand out a bound wrapper
+    while isinstance(method, wrapt.ObjectProxy):  # the tracer may have wrapped it too
+        if getattr(method, "_self_wrapper", None) is _pipelined_retrieve:
             return
         method = method.__wrapped__
     wrapt.wrap_function_wrapper(surface.module, surface.path, _pipelined_retrieve)

@@ -154,3 +154,17 @@ def test_chunks_handed_out_but_never_taken_are_settled_when_the_pipelined_get_en
     assert pool.total_allocated_size == used_before
     assert backend.stats()["read_hits"] == CHUNKS
     assert "never taken by its connector" in caplog.text
+
+
+def test_every_pipelined_connector_of_a_process_shares_one_retrieve_wrapper():
+    from lmcache.v1.cache_engine import LMCacheEngine
+
+    from kvscope.patched_backend.parallel_disk.pipelined_connector import _pipelined_retrieve
+
+    for _ in range(3):
+        PipelinedConnector(object(), RecordingSink())
+    method, ours = vars(LMCacheEngine)["retrieve"], 0
+    while hasattr(method, "__wrapped__"):
+        ours += getattr(method, "_self_wrapper", None) is _pipelined_retrieve
+        method = method.__wrapped__
+    assert ours == 1
