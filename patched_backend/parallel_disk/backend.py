@@ -272,7 +272,8 @@ class ParallelDiskBackend(StoragePluginInterface):
             self._prefetch.close()
         self._writer.close()
         self._engine.close()
-        statsfile.closed()
+        statsfile.closed()  # its final counters, this backend still among them
+        hooks.unregister_backend(self)
         self._lock.release()
 
     # -- start-up --------------------------------------------------------------------------

@@ -179,6 +179,12 @@ def register_backend(backend: Any) -> None:
     _backends.add(backend)
 
 
+def unregister_backend(backend: Any) -> None:
+    """A closed backend is no longer polled (else its counters linger in every later total of
+    this process until the garbage collector gets to it)."""
+    _backends.discard(backend)
+
+
 def live_backends() -> list[Any]:
     """Backends alive in this process (each has ``stats() -> dict``)."""
     return list(_backends)

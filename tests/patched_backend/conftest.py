@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kvscope.patched_backend.parallel_disk import hooks
+from kvscope.patched_backend.parallel_disk import hooks, layout
 from kvscope.testkit.lmcache_harness import Harness, copy_connector, lmcache_config
 from kvscope.tracer import runtime
 from kvscope.tracer.spans import RequestTrace
@@ -24,6 +24,15 @@ from kvscope.tracer.storage import ParallelReadListener
 def _seeded() -> None:
     random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_writer_left_registered() -> Iterator[None]:
+    """The KV layout's writer is per process (the CPU connector registers its own): one test
+    file's connector must not make the next file's chunks, written by a child process with
+    LMCache's layout, look foreign (their scan refused every chunk as `layout`)."""
+    yield
+    layout.register_writer(None)
 
 
 def _bare(inner: Any, config: Any, meta: Any) -> Any:

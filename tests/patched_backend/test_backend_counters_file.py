@@ -85,3 +85,17 @@ def test_files_of_another_shape_are_refused_by_name_not_summed(tmp_path):
     assert f"{tmp_path / '12.json'}: field (top level): [1, 2] is not of type 'object'" in refused
     assert any(f"{tmp_path / '13.json'}: field backends.0.read_hits" in r for r in refused)
     assert any(f"{tmp_path / '14.json'} is a symbolic link" in r for r in refused)
+
+
+def test_a_closed_backend_is_not_counted_in_the_process_later(harness, tmp_path, monkeypatch):
+    """Its object may outlive close() (reference cycles) until the garbage collector runs; the
+    totals of whatever this process opens next must not depend on when that is."""
+    monkeypatch.setenv(ENV_BACKEND_STATS_DIR, str(tmp_path / "backend"))
+    first = harness(tmp_path / "first")
+    first.put([0])
+    first.close()
+    held = first.backend  # still referenced, as a cycle would keep it
+    second = harness(tmp_path / "second")
+    second.put([1, 2])
+    statsfile.write(tmp_path / "backend")
+    assert statsfile.totals(tmp_path / "backend")["stores"] == 2, held

@@ -17,12 +17,6 @@ from kvscope.patched_backend.parallel_disk import layout
 from kvscope.testkit.lmcache_harness import assert_exact, chunk_path, metadata
 
 
-@pytest.fixture(autouse=True)
-def _no_writer_left_registered() -> Iterator[None]:
-    yield
-    layout.register_writer(None)
-
-
 @contextmanager
 def vllm_block_size(block_size: int) -> Iterator[None]:
     """vLLM's current config with this block size, as in the worker's KV cache set-up."""
