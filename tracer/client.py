@@ -13,20 +13,26 @@ from opentelemetry import trace
 
 from kvscope.contract import semconv
 from kvscope.tracer import spans
-from kvscope.tracer.runtime import Runtime
+from kvscope.tracer.pipeline import Pipeline
+from kvscope.tracer.version import SCOPE, __version__
 
 
 class ClientTracer:
-    """Starts and ends `kvscope.client.request` spans on one Runtime."""
+    """Starts and ends `kvscope.client.request` spans through the SDK in the workload's own
+    process (not a serving one: its spans are few and its thread is not vLLM's)."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, pipe: Pipeline, offset_ns: int) -> None:
+        self.tracer = pipe.provider.get_tracer(SCOPE, __version__)
+        self.offset_ns = offset_ns
+
+    def epoch(self, monotonic_ns: int) -> int:
+        return monotonic_ns + self.offset_ns
 
     def start(self, record: Any) -> tuple[trace.Span, dict[str, str]]:
         """A root span for `record` (a RequestRecord with arrival_ns set) and its headers."""
-        span = self.runtime.tracer.start_span(
+        span = self.tracer.start_span(
             semconv.SPAN_CLIENT_REQUEST, kind=trace.SpanKind.CLIENT,
-            start_time=self.runtime.epoch(record.arrival_ns),
+            start_time=self.epoch(record.arrival_ns),
             attributes={semconv.REQUEST_ID: record.request_id, semconv.PHASE: record.phase,
                         semconv.PROMPT_INDEX: record.prompt_index,
                         semconv.CONCURRENCY: record.concurrency})
@@ -46,4 +52,4 @@ class ClientTracer:
             if record.status != "ok":
                 span.set_attribute(semconv.ERROR_TYPE, record.error.split(":", 1)[0] or "error")
                 span.set_status(trace.Status(trace.StatusCode.ERROR, record.error[:200]))
-        span.end(end_time=self.runtime.epoch(record.finish_ns))
+        span.end(end_time=self.epoch(record.finish_ns))

@@ -36,6 +36,7 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
 _logged: set[str] = set()
+_version = [0]  # bumped by every count: the recorder sends the counts on when it moves
 
 
 class InjectedFault(RuntimeError):
@@ -52,6 +53,7 @@ def count(where: str, error: BaseException, fix: str = HOOK_FIX) -> None:
     """Count one kvscope error at `where`; the first one there in this process is logged."""
     with _lock:
         _counts[where] = _counts.get(where, 0) + 1
+        _version[0] += 1
         first = where not in _logged
         _logged.add(where)
     if not first:
@@ -70,11 +72,17 @@ def counts() -> dict[str, int]:
         return dict(_counts)
 
 
+def version() -> int:
+    """Changes whenever a count does (read without the lock: a stale value only delays)."""
+    return _version[0]
+
+
 def reset() -> None:
     """Forget every count and every logged hook (tests; a forked child starts here too)."""
     with _lock:
         _counts.clear()
         _logged.clear()
+        _version[0] += 1
 
 
 os.register_at_fork(after_in_child=reset)  # a child counts (and logs) its own errors

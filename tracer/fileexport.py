@@ -101,18 +101,22 @@ def _flags(parent: SpanContext | None) -> int:
 
 
 class OtlpJsonFileExporter(SpanExporter):
-    """Writes `<prefix>-<pid>-<n>.json` per export call into `directory`, made or checked
-    private (contract.files) before each write: one that fails the rule fails the export."""
+    """Writes `<prefix>-<pid>-<exporter pid>-<n>.json` per export call into `directory`, made
+    or checked private (contract.files) before each write: one that fails the rule fails the
+    export. `pid` is the process whose spans these are; the exporter's own pid keeps a
+    restarted exporter's files from replacing its predecessor's."""
 
-    def __init__(self, directory: str | os.PathLike, prefix: str) -> None:
+    def __init__(self, directory: str | os.PathLike, prefix: str, pid: int | None = None
+                 ) -> None:
         self.directory = Path(directory)
-        self.prefix = prefix
+        pid = os.getpid() if pid is None else pid
+        self.stem = f"{prefix}-{pid}" if pid == os.getpid() else f"{prefix}-{pid}-{os.getpid()}"
         self._sequence = itertools.count()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        name = f"{self.prefix}-{os.getpid()}-{next(self._sequence):05d}.json"
+        name = f"{self.stem}-{next(self._sequence):05d}.json"
         files.private_dir(self.directory)
         files.atomic_write(self.directory / name, span_file(spans))
         return SpanExportResult.SUCCESS

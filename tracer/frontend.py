@@ -22,21 +22,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 
-from kvscope.tracer import runtime, spans
-from kvscope.contract import semconv
+from kvscope.contract import semconv, span_record
+from kvscope.tracer import ids, runtime, spans
 
-MAX_OPEN = 8192  # open server spans beyond this are dropped unexported, oldest first
+MAX_OPEN = 8192  # open server spans beyond this are dropped unrecorded, oldest first
 
 
 @dataclass
 class _Open:
     """A request between add_request and the output that finishes it."""
 
-    span: trace.Span
+    trace_id: int
+    span_id: int
+    parent_id: int  # the caller's span, 0 for a root
     headers: dict[str, str]
     arrived_ns: int
+    extra: dict[str, Any] = field(default_factory=dict)  # tracestate, events, status
+    parent_sampled: bool | None = None  # what the caller's traceparent said, if it sent one
     first_token_ns: int = 0
     attributes: dict[str, Any] = field(default_factory=dict)
 
@@ -45,19 +48,39 @@ _parked: ContextVar[_Open | None] = ContextVar("kvscope_server_request", default
 _open: dict[str, _Open] = {}  # internal (engine) request id -> its open server span
 
 
+def _opened(rt: runtime.Runtime, incoming: Any, arrived: int) -> _Open | None:
+    """The request's server span, or None when the sampler says it is not traced (it then
+    costs nothing further in any process)."""
+    context = spans.context_from_headers(incoming)
+    parent = trace.get_current_span(context).get_span_context()
+    trace_id = parent.trace_id if parent.is_valid else ids.trace_id()
+    decision = rt.sampler.should_sample(context, trace_id, semconv.SPAN_SERVER_REQUEST,
+                                        trace.SpanKind.SERVER)
+    if not decision.decision.is_sampled():
+        return None
+    span_id = ids.span_id()
+    state = parent.trace_state if parent.is_valid else decision.trace_state
+    mine = trace.SpanContext(trace_id, span_id, False,
+                             trace.TraceFlags(trace.TraceFlags.SAMPLED), state)
+    request = _Open(trace_id, span_id, parent.span_id if parent.is_valid else 0,
+                    spans.headers_from_context(trace.set_span_in_context(
+                        trace.NonRecordingSpan(mine))), arrived)
+    if state:
+        request.extra["trace_state"] = state.to_header()
+    if parent.is_valid:
+        request.parent_sampled = parent.trace_flags.sampled
+    return request
+
+
 async def on_add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Wraps AsyncLLM.add_request: the server span starts; its context rides with the request."""
     arrived = time.monotonic_ns()
     rt = runtime.get()
     if rt is None:
         return await wrapped(*args, **kwargs)
-    incoming = kwargs.get("trace_headers")
-    span = rt.tracer.start_span(semconv.SPAN_SERVER_REQUEST, kind=trace.SpanKind.SERVER,
-                                context=spans.context_from_headers(incoming) or Context(),
-                                start_time=rt.epoch(arrived))
-    if not span.is_recording():
+    request = _opened(rt, kwargs.get("trace_headers"), arrived)
+    if request is None:
         return await wrapped(*args, **kwargs)
-    request = _Open(span, spans.headers_from_context(trace.set_span_in_context(span)), arrived)
     vllm_traces = getattr(getattr(instance, "observability_config", None),
                           "otlp_traces_endpoint", None) is not None
     # vLLM keeps the headers only with its own tracing on; otherwise assign_request_id adds them.
@@ -66,7 +89,8 @@ async def on_add_request(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     try:
         return await wrapped(*args, **kwargs)
     except BaseException as error:
-        spans.finish(rt, span, time.monotonic_ns(), error)
+        request.attributes[semconv.ERROR_TYPE] = type(error).__qualname__
+        _record(rt, request, time.monotonic_ns(), str(error)[:200])
         raise
     finally:
         _parked.reset(token)
@@ -83,13 +107,13 @@ def on_assign_request_id(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
         engine_request.trace_headers = request.headers
     rid = engine_request.request_id
     prompt = getattr(engine_request, "prompt_token_ids", None)
-    request.span.set_attributes({
+    request.attributes.update({
         semconv.GEN_AI_REQUEST_ID: getattr(engine_request, "external_req_id", None) or rid,
         semconv.REQUEST_ID: spans.client_request_id(rid),
         semconv.VLLM_REQUEST_ID: rid,
         **({semconv.GEN_AI_PROMPT_TOKENS: len(prompt)} if prompt is not None else {}),
     })
-    while len(_open) >= MAX_OPEN:  # never finished (n > 1 fans out under other ids): unexported
+    while len(_open) >= MAX_OPEN:  # never finished (n > 1 fans out under other ids): unrecorded
         _open.pop(next(iter(_open)))
     _open[rid] = request
     return result
@@ -113,11 +137,20 @@ def on_process_outputs(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -
     for output, request, state in mine:
         if output.new_token_ids and not request.first_token_ns:
             request.first_token_ns = now
-            request.span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=rt.epoch(now))
+            if rt.tail:
+                _first_token_mark(rt, request, now)
         if output.finish_reason is not None:
             _open.pop(output.request_id, None)
             _finish(rt, request, state, now)
     return result
+
+
+def _first_token_mark(rt: runtime.Runtime, request: _Open, now_ns: int) -> None:
+    """Tells the exporter's tail sampler that this request's first token is out."""
+    rt.recorder.put(semconv.SPAN_SERVER_REQUEST, span_record.MARK_FIRST_TOKEN, 0,
+                    request.trace_id, request.span_id, request.parent_id, request.arrived_ns,
+                    now_ns, (None, None, None if request.parent_sampled is None else
+                             {"parent_sampled": request.parent_sampled}, None))
 
 
 def on_abort_requests(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -129,26 +162,39 @@ def on_abort_requests(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
         rt, now = runtime.get(), time.monotonic_ns()
         for rid in gone:
             request = _open.pop(rid)
-            request.span.set_status(trace.Status(trace.StatusCode.ERROR, "aborted"))
-            request.span.set_attribute(semconv.ERROR_TYPE, "aborted")
-            _finish(rt, request, None, now)
+            request.attributes[semconv.ERROR_TYPE] = "aborted"
+            _finish(rt, request, None, now, "aborted")
     return result
 
 
-def _finish(rt: Any, request: _Open, state: Any, now_ns: int) -> None:
+def _finish(rt: runtime.Runtime | None, request: _Open, state: Any, now_ns: int,
+            error: str | None = None) -> None:
     """End the server span at `now_ns` with the latencies vLLM and we both measured."""
-    attributes: dict[str, Any] = {}
+    if rt is None:
+        return
+    attributes = request.attributes
     if request.first_token_ns:
         attributes[semconv.GEN_AI_TTFT] = (request.first_token_ns - request.arrived_ns) / 1e9
+        request.extra["events"] = [(semconv.EVENT_FIRST_TOKEN, request.first_token_ns)]
     stats = getattr(state, "stats", None)
     if stats is not None:
         attributes[semconv.GEN_AI_COMPLETION_TOKENS] = int(stats.num_generation_tokens)
         if stats.scheduled_ts and stats.queued_ts:
             attributes[semconv.GEN_AI_TIME_IN_QUEUE] = stats.scheduled_ts - stats.queued_ts
-    request.span.set_attributes(attributes)
-    request.span.end(end_time=rt.epoch(now_ns) if rt is not None else None)
+    _record(rt, request, now_ns, error)
+
+
+def _record(rt: runtime.Runtime, request: _Open, end_ns: int, error: str | None) -> None:
+    flags = span_record.PARENT_REMOTE if request.parent_id else 0
+    if error is not None:
+        flags |= span_record.ERROR
+        request.extra["status"] = error
+    rt.recorder.put(semconv.SPAN_SERVER_REQUEST, span_record.SERVER, flags, request.trace_id,
+                    request.span_id, request.parent_id, request.arrived_ns,
+                    max(end_ns, request.arrived_ns),
+                    (None, None, request.attributes, request.extra or None))
 
 
 def forget_all() -> None:
-    """Drop every open server span unexported (uninstrument)."""
+    """Drop every open server span unrecorded (uninstrument)."""
     _open.clear()

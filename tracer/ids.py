@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import random
 
-from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 _stream = random.Random(os.urandom(32))
@@ -26,15 +25,20 @@ def _reseed() -> None:
 os.register_at_fork(after_in_child=_reseed)  # a forked child must not repeat its parent's ids
 
 
+def span_id() -> int:
+    """A random 64-bit span id, never the invalid all-zero one (the hot path's own call)."""
+    return _stream.getrandbits(64) or 1
+
+
+def trace_id() -> int:
+    return _stream.getrandbits(128) or 1
+
+
 class ProcessIdGenerator(IdGenerator):
     """Random 64-bit span and 128-bit trace ids, never the invalid all-zero id."""
 
     def generate_span_id(self) -> int:
-        while (span_id := _stream.getrandbits(64)) == trace.INVALID_SPAN_ID:
-            continue
-        return span_id
+        return span_id()
 
     def generate_trace_id(self) -> int:
-        while (trace_id := _stream.getrandbits(128)) == trace.INVALID_TRACE_ID:
-            continue
-        return trace_id
+        return trace_id()

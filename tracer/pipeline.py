@@ -15,10 +15,8 @@ The provider is private (not the global one), so it never fights with vLLM's own
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
-import multiprocessing.util
 import os
 import sys
 import threading
@@ -43,7 +41,6 @@ FILE_FLUSH_MS = config.FILE_FLUSH_MS  # a killed worker loses at most this much 
 STATS_DIR = config.STATS_DIR
 DISK_HOOKS = "kvscope.patched_backend.parallel_disk.hooks"  # kvscope's disk backend, if this process has it
 SHUTDOWN_WAIT_S = 3.0  # vLLM SIGKILLs a worker 4 s after SIGTERM: flush, count, write before
-EXIT_PRIORITY = 100  # multiprocessing finalizers with higher priority run first
 
 
 @dataclass
@@ -209,27 +206,30 @@ class _EndCounter(SpanProcessor):
 
 
 class StatsFile:
-    """RUN/spans/stats/<prefix>-<pid>.json, replaced whole (several exporter threads write), in
-    a directory made or checked private (contract.files) before each write."""
+    """RUN/spans/stats/<prefix>-<pid>.json of the serving process `pid`, replaced whole
+    (several exporter threads write), in a directory made or checked private (contract.files)
+    before each write."""
 
-    def __init__(self, spans_dir: Path, prefix: str) -> None:
-        self.path = spans_dir / STATS_DIR / f"{prefix}-{os.getpid()}.json"
+    def __init__(self, spans_dir: Path, prefix: str, pid: int) -> None:
+        self.pid = pid
+        self.path = spans_dir / STATS_DIR / f"{prefix}-{pid}.json"
         self._lock = threading.Lock()
 
-    def write(self, stats: Mapping[str, Any]) -> None:
+    def write(self, stats: Mapping[str, Any], errors: Mapping[str, int]) -> None:
+        """`errors`: the serving process's kvscope error counts (tracer/failsafe.py)."""
         with self._lock:
             try:
                 files.private_dir(self.path.parent)
                 files.atomic_write(self.path, json.dumps(
-                    {**stats, "pid": os.getpid(), **failsafe_stats()}))
+                    {**stats, "pid": self.pid, **failsafe_stats(errors)}))
             except (OSError, files.UnsafePath) as e:
                 logger.warning("kvscope tracer: cannot write %s: %s", self.path, e)
 
 
-def failsafe_stats() -> dict[str, dict[str, int]]:
-    """This process's kvscope errors: `hook_errors` by hook, `config_errors` by variable."""
+def failsafe_stats(errors: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """A process's kvscope errors: `hook_errors` by hook, `config_errors` by variable."""
     hooks, configs = {}, {}
-    for where, n in failsafe.counts().items():
+    for where, n in errors.items():
         if where.startswith(failsafe.CONFIG):
             configs[where[len(failsafe.CONFIG):]] = n
         else:
@@ -251,6 +251,8 @@ class Pipeline:
     stats_file: StatsFile | None = None
     processors: dict[str, BoundedProcessor] = field(default_factory=dict)
     closed: bool = False
+    errors: Callable[[], Mapping[str, int]] = failsafe.counts  # the serving process's
+    amend: Callable[[dict[str, Any]], dict[str, Any]] = lambda stats: stats  # the rings' counts
 
     @property
     def exporters(self) -> list[str]:
@@ -259,8 +261,9 @@ class Pipeline:
     def write_stats(self) -> None:
         if self.stats_file is None:
             return
-        self.stats_file.write({"exporters": self.exporters, **self.counters.as_dict(),
-                               "closed": self.closed})
+        self.stats_file.write(self.amend({"exporters": self.exporters,
+                                          **self.counters.as_dict(), "closed": self.closed}),
+                              self.errors())
 
     def flush(self) -> None:
         """Export every queued span now (the phase ended), then write the stats."""
@@ -277,13 +280,6 @@ class Pipeline:
         for processor in self.processors.values():
             processor.shutdown()
         self.write_stats()
-
-    def shutdown_at_exit(self) -> None:
-        """Shut down before this process goes away: at interpreter exit (atexit), and when a
-        multiprocessing child (vLLM's engine core and workers) returns from its target, where
-        atexit never runs."""
-        atexit.register(self.shutdown)
-        multiprocessing.util.Finalize(None, self.shutdown, exitpriority=EXIT_PRIORITY)
 
 
 def disk_backend_stats() -> list[dict]:
@@ -312,19 +308,22 @@ def otlp_exporter(otlp: config.Otlp) -> SpanExporter:
     return HTTPExporter(endpoint=otlp.url(), timeout=otlp.timeout_s)
 
 
-def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None) -> Pipeline:
-    """A provider exporting where `env` (default os.environ) says; see the module docstring."""
+def build(service_name: str, prefix: str, env: Mapping[str, str] | None = None,
+          pid: int | None = None) -> Pipeline:
+    """A provider exporting where `env` (default os.environ) says the spans of process `pid`
+    (default this one); see the module docstring."""
     failsafe.inject("pipeline.build")
     cfg = config.load(env)
+    pid = os.getpid() if pid is None else pid
     counters = Counters()
     resource = Resource.create({"service.name": cfg.service_name or service_name,
-                                "process.pid": os.getpid()})
+                                "process.pid": pid})
     provider = TracerProvider(resource=resource, sampler=cfg.sampler(),
                               id_generator=ProcessIdGenerator())
     pipe = Pipeline(provider, counters, cfg)
     if cfg.spans_dir is not None:
-        pipe.stats_file = StatsFile(cfg.spans_dir, prefix)
-        files = CountingExporter("file", OtlpJsonFileExporter(cfg.spans_dir, prefix), counters,
+        pipe.stats_file = StatsFile(cfg.spans_dir, prefix, pid)
+        files = CountingExporter("file", OtlpJsonFileExporter(cfg.spans_dir, prefix, pid), counters,
                                  after=pipe.write_stats)
         pipe.processors["file"] = BoundedProcessor(
             files, {**cfg.batch, "schedule_delay_millis": FILE_FLUSH_MS})

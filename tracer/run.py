@@ -20,7 +20,6 @@ from kvscope.contract import jsonfiles, rundir
 from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR, ENV_TRACING
 from kvscope.tracer import pipeline
 from kvscope.tracer.client import ClientTracer
-from kvscope.tracer.runtime import Runtime
 
 SETTLE_S = 3 * pipeline.FILE_FLUSH_MS / 1000
 SETTLE_TIMEOUT_S = 15.0
@@ -36,7 +35,7 @@ class RunTracing:
         self.spans_dir = run / rundir.SPANS_DIR
         env = {**os.environ, ENV_SPANS_DIR: str(self.spans_dir)}
         self._pipeline = pipeline.build("kvscope-client", "client", env)
-        self.client = ClientTracer(Runtime(self._pipeline, offset_ns))
+        self.client = ClientTracer(self._pipeline, offset_ns)
         self.offset_ns = offset_ns
 
     def server_env(self) -> dict[str, str]:

@@ -126,7 +126,7 @@ class Ring:
         """Up to `limit` records past the tail, not yet committed; and whether reading stopped
         at a record that does not check yet (a writer mid-record, or a damaged ring)."""
         head = PUBLISH.unpack_from(self.memory, PUBLISH_AT)[0]
-        tail, out = self._tail, []
+        tail, out = self._tail, list[rec.SpanRecord]()
         if head - tail > self.capacity or head < tail:
             return out, True  # a head no writer of this ring could publish
         while tail < head and len(out) < limit:
@@ -146,6 +146,10 @@ class Ring:
             tail += length
         self._pending = tail
         return out, False
+
+    def unread(self) -> int:
+        """Bytes published and not yet committed."""
+        return PUBLISH.unpack_from(self.memory, PUBLISH_AT)[0] - self._tail
 
     def commit(self, records: int) -> None:
         """Free what the last `read` returned (`records` of them): the writer may reuse it."""

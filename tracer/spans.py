@@ -1,17 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Small helpers every wrapper uses: W3C headers <-> context, request ids, finished spans."""
+"""Small helpers every wrapper uses: W3C headers <-> context, request ids, span records."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from kvscope.contract import semconv
+from kvscope.contract import semconv, span_record
+from kvscope.tracer import ids
 from kvscope.tracer.runtime import Runtime
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -53,11 +55,14 @@ def headers_from_context(context: Context | None = None) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class RequestTrace:
-    """What a process needs to put a span into one request's trace."""
+    """What a process needs to put a span into one request's trace: its ids as integers, so
+    that a span costs no context lookups."""
 
-    parent: Context
+    trace_id: int
+    parent_id: int  # the span this process's spans of the request hang from
     request_id: str  # the client's id
     vllm_request_id: str
+    extra: dict[str, str] | None = None  # {"trace_state": the caller's tracestate}, if any
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str] | None,
@@ -65,39 +70,52 @@ class RequestTrace:
         parent = sampled_context_from_headers(headers)
         if parent is None:
             return None
-        return cls(parent, client_request_id(vllm_request_id), vllm_request_id)
+        context = trace.get_current_span(parent).get_span_context()
+        state = context.trace_state.to_header() if context.trace_state else ""
+        return cls(context.trace_id, context.span_id, client_request_id(vllm_request_id),
+                   vllm_request_id, {"trace_state": state} if state else None)
 
-    def attributes(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        base = {semconv.REQUEST_ID: self.request_id,
-                semconv.VLLM_REQUEST_ID: self.vllm_request_id}
-        return {**base, **(extra or {})}
+
+current_parent: ContextVar[int] = ContextVar("kvscope_parent_span", default=0)
 
 
 def record(runtime: Runtime | None, name: str, request: RequestTrace, start_ns: int, end_ns: int,
-           attributes: Mapping[str, Any] | None = None,
-           parent: Context | None = None) -> None:
+           attributes: Mapping[str, Any] | None = None, parent: int = 0) -> None:
     """A finished span of `request` over monotonic [start_ns, end_ns], a child of the span
-    current in `parent` (else of the request's own parent); none in a process whose runtime
-    could not be built (runtime.get() said why, once)."""
+    `parent` of this process (else of the request's own parent, from another process); none in
+    a process whose runtime could not be built (runtime.get() said why, once)."""
     if runtime is None:
         return
-    context = trace.get_current_span(parent).get_span_context() if parent else None
-    if context is None or not context.is_valid:
-        context = trace.get_current_span(request.parent).get_span_context()
-    runtime.finished(name, context, start_ns, end_ns, request.attributes(attributes))
+    runtime.recorder.put(name, span_record.INTERNAL,
+                         0 if parent else span_record.PARENT_REMOTE, request.trace_id,
+                         ids.span_id(), parent or request.parent_id, start_ns,
+                         end_ns if end_ns > start_ns else start_ns,
+                         (request.request_id, request.vllm_request_id, attributes, request.extra))
 
 
-def start(runtime: Runtime, name: str, request: RequestTrace, start_ns: int,
-          attributes: Mapping[str, Any] | None = None) -> trace.Span:
-    """An open span of `request` started at monotonic `start_ns`; end it with `finish`."""
-    return runtime.tracer.start_span(name, context=request.parent,
-                                     start_time=runtime.epoch(start_ns),
-                                     attributes=request.attributes(attributes))
+@dataclass
+class OpenSpan:
+    """A span of `request` still running: its id is known (children name it as parent)."""
+
+    name: str
+    request: RequestTrace
+    start_ns: int
+    span_id: int = field(default_factory=ids.span_id)
+    attributes: dict[str, Any] = field(default_factory=dict)
 
 
-def finish(runtime: Runtime, span: trace.Span, end_ns: int, error: BaseException | None = None
+def start(name: str, request: RequestTrace, start_ns: int) -> OpenSpan:
+    return OpenSpan(name, request, start_ns)
+
+
+def finish(runtime: Runtime, span: OpenSpan, end_ns: int, error: BaseException | None = None
            ) -> None:
-    if error is not None and span.is_recording():
-        span.set_attribute(semconv.ERROR_TYPE, type(error).__qualname__)
-        span.set_status(trace.Status(trace.StatusCode.ERROR, str(error)[:200]))
-    span.end(end_time=runtime.epoch(end_ns))
+    flags, extra = span_record.PARENT_REMOTE, span.request.extra
+    if error is not None:
+        span.attributes[semconv.ERROR_TYPE] = type(error).__qualname__
+        flags |= span_record.ERROR
+        extra = {**(extra or {}), "status": str(error)[:200]}
+    request = span.request
+    runtime.recorder.put(span.name, span_record.INTERNAL, flags, request.trace_id, span.span_id,
+                         request.parent_id, span.start_ns, max(end_ns, span.start_ns),
+                         (request.request_id, request.vllm_request_id, span.attributes, extra))

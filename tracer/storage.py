@@ -30,8 +30,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from opentelemetry import context as otel_context
-
 from kvscope.tracer import async_reads, extents, runtime, spans
 from kvscope.contract import semconv
 from kvscope.contract.host import whole_disk
@@ -108,7 +106,7 @@ def on_stock_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     _, started, batch, result = _get_as_batch(wrapped, args, kwargs, by_text=False)
     spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, started,
                  time.monotonic_ns(), _stock_attributes(batch, instance),
-                 parent=otel_context.get_current())
+                 parent=spans.current_parent.get())
     return result
 
 
@@ -149,7 +147,7 @@ def on_peer_get(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     attributes[semconv.READ_DEVICE] = device_of(peer_path(instance))
     attributes[semconv.READ_FAILED_CHUNKS] = len(keys) - len(loaded)
     spans.record(runtime.get(), semconv.SPAN_STORAGE_READ, request, started,
-                 time.monotonic_ns(), attributes, parent=otel_context.get_current())
+                 time.monotonic_ns(), attributes, parent=spans.current_parent.get())
     return result
 
 
@@ -251,7 +249,7 @@ class ParallelReadListener:
             return  # reported by the claiming get (on_read_claim), whoever's thread started it
         request = current.get()  # the submit runs on the retrieving thread, inside kv.load
         if request is not None:
-            owner: tuple[spans.RequestTrace, Any] | str = (request, otel_context.get_current())
+            owner: tuple[spans.RequestTrace, int] | str = (request, spans.current_parent.get())
         elif event.path_kind == "async" and event.request_id:
             owner = event.request_id
         else:

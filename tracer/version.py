@@ -1,2 +1,3 @@
 # SPDX-License-Identifier: Apache-2.0
 __version__ = "0.1.0"
+SCOPE = "kvscope.tracer"  # the instrumentation scope of every span kvscope makes

@@ -43,10 +43,11 @@ def register() -> None:
 
 
 def _start() -> None:
-    from kvscope.tracer import config, metrics
+    from kvscope.tracer import config, exporter_link, metrics
     from kvscope.tracer.instrumentor import KvscopeInstrumentor
 
     cfg = config.load()
+    exporter_link.start_if_first()  # before vLLM starts its other processes, which inherit it
     where = cfg.destinations()
     process = f"pid {os.getpid()} ({multiprocessing.current_process().name})"
     if where:

@@ -14,7 +14,8 @@ says which `start_load_kv` precedes the forward. The forward (the prefill span o
 prefilling in the step) runs from the end of the last connector call before it to the start of
 the first one after it. LMCache's per-request `retrieve`/`store` carry `req_id=` (vLLM's id),
 which picks the request. While a retrieve runs, its kv.load span is the current context, so
-storage reads and transfers made inside it (tracer.storage, `on_to_device`) become its children.
+storage reads and transfers made inside it (tracer.storage, `on_to_device`) become its children
+(spans.current_parent).
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 
 from kvscope.tracer import async_reads, ledger, runtime, spans
 from kvscope.contract import semconv
@@ -112,7 +110,7 @@ def _write_ledger(rt: runtime.Runtime | None, step: _Step) -> None:
 
 
 def _traced_call(name: str,
-                 on_done: Callable[[Any, trace.Span, spans.RequestTrace], None] | None = None):
+                 on_done: Callable[[Any, spans.OpenSpan], None] | None = None):
     """A wrapper for LMCache engine calls taking req_id=: one span of `name` around them."""
 
     def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -120,8 +118,8 @@ def _traced_call(name: str,
         rt = runtime.get()
         if step is None or rt is None:
             return wrapped(*args, **kwargs)
-        span = spans.start(rt, name, step.trace, time.monotonic_ns())
-        token = otel_context.attach(trace.set_span_in_context(span, step.trace.parent))
+        span = spans.start(name, step.trace, time.monotonic_ns())
+        parent = spans.current_parent.set(span.span_id)
         marker = current.set(step.trace)
         try:
             result = wrapped(*args, **kwargs)
@@ -130,18 +128,19 @@ def _traced_call(name: str,
             raise
         finally:
             current.reset(marker)
-            otel_context.detach(token)
+            spans.current_parent.reset(parent)
             async_reads.flush(step.trace)  # reads made for this request's lookup, if any
-        if on_done is not None and span.is_recording():
-            on_done(result, span, step.trace)
+        if on_done is not None:
+            on_done(result, span)
         spans.finish(rt, span, time.monotonic_ns())
         return result
 
     return wrapper
 
 
-def _loaded_tokens(mask: Any, span: trace.Span, request: spans.RequestTrace) -> None:
-    span.set_attribute(semconv.HIT_TOKENS, int(mask.sum()) if hasattr(mask, "sum") else -1)
+def _loaded_tokens(mask: Any, span: spans.OpenSpan) -> None:
+    span.attributes[semconv.HIT_TOKENS] = int(mask.sum()) if hasattr(mask, "sum") else -1
+    request = span.request
     served = ledger.served_tokens(mask)
     if served is not None and request.vllm_request_id:
         ledger.LEDGER.loaded(request.vllm_request_id, served)
@@ -172,7 +171,7 @@ def on_to_device(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         spans.record(runtime.get(), semconv.SPAN_KV_TRANSFER, request, begin, end, {
             semconv.TRANSFER_BYTES: nbytes, semconv.TRANSFER_KIND: kind,
             semconv.READ_CHUNKS: chunks,
-        }, parent=otel_context.get_current())
+        }, parent=spans.current_parent.get())
     return result
 
 

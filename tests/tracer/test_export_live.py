@@ -18,7 +18,7 @@ from kvscope import analysis
 from kvscope.contract import rundir, semconv
 from kvscope.capture.workload.options import RunOptions
 from kvscope.capture.workload.runner import execute
-from kvscope.tracer import failsafe, pipeline, runtime
+from kvscope.tracer import failsafe, pipeline, runtime, version
 from kvscope.tracer.run import read_stats
 
 pytestmark = [pytest.mark.live]
@@ -106,7 +106,7 @@ def _ours(receiver) -> dict[str, tuple[int, str]]:
             where = (attributes["process.pid"].int_value if "process.pid" in attributes else -1,
                      attributes["service.name"].string_value)
             for ss in rs.scope_spans:
-                if ss.scope.name == runtime.SCOPE:
+                if ss.scope.name == version.SCOPE:
                     out.update((span.span_id.hex(), where) for span in ss.spans)
     return out
 

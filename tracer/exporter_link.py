@@ -1,0 +1,225 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A serving process's side of its server's exporter process: start it, hand it rings, keep it.
+
+One exporter process per server. The first process that turns tracing on (vLLM's API server,
+when vLLM loads its plugins, before it starts the engine core) starts it and puts its address
+in the environment (ENV_EXPORTER), which vLLM's other processes inherit; every process
+connects, says who it is, and hands over each ring's descriptor as its threads make them.
+
+The address is an abstract Unix socket: there is no file another user could plant or that a
+SIGKILL would leave behind. Each side checks the other's user (SO_PEERCRED): the exporter takes
+rings only from its own user, and a process hands its rings only to an exporter of its own
+user, so another user who takes the name first gets nothing and tracing stops, counted.
+
+The process that started the exporter supervises it: when it dies, a new one starts at the same
+address and every process's watcher thread reconnects and hands its rings over again. Records
+still in a ring are not lost; what the dead exporter had taken and not exported is counted
+lost (tracer/exporter.py), and the restart is counted as an `exporter.restart` error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import multiprocessing.util
+import os
+import secrets
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from kvscope.contract.env import ENV_EXPORTER
+from kvscope.tracer import failsafe
+from kvscope.tracer.span_ring import Ring
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0  # a new exporter process imports the SDK first
+RECONNECT_S = 30.0
+EXIT_WAIT_S = 10.0  # the starter waits this long at exit for the exporter's last export
+EXIT_PRIORITY = 100  # multiprocessing finalizers with higher priority run first
+MAX_MESSAGE = 4096
+_PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class ExporterError(RuntimeError):
+    """The exporter process could not be reached, or is not this user's."""
+
+
+def at_exit(close: Callable[[], None]) -> None:
+    """Run `close` before this process goes away: at interpreter exit (atexit), and when a
+    multiprocessing child (vLLM's engine core and workers) returns from its target, where
+    atexit never runs."""
+    atexit.register(close)
+    multiprocessing.util.Finalize(None, close, exitpriority=EXIT_PRIORITY)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    return _PEER.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))[1]
+
+
+def address(name: str) -> bytes:
+    return b"\0" + name.encode()
+
+
+class Supervisor:
+    """Starts the exporter process and starts it again whenever it dies, until `stop`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.owner = os.getpid()
+        self.stopping = False
+        self.process = self._spawn()
+        threading.Thread(target=self._watch, name="kvscope-exporter-watch", daemon=True).start()
+
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "kvscope.tracer.exporter", self.name,
+                                 str(self.owner)], stdin=subprocess.DEVNULL, close_fds=True)
+
+    def _watch(self) -> None:
+        while True:
+            code = self.process.wait()
+            if self.stopping or os.getpid() != self.owner:
+                return
+            failsafe.count("exporter.restart", ExporterError(
+                f"exporter process {self.process.pid} exited with status {code}"),
+                fix="a new one was started; spans it had taken and not exported are counted "
+                "lost in manifest.tracer")
+            self.process = self._spawn()
+
+    def stop(self, timeout_s: float) -> None:
+        """The exporter exits once every process has closed its link; wait for that."""
+        self.stopping = True
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("kvscope tracer: exporter process %d still exporting after %.0f s; "
+                           "left to finish", self.process.pid, timeout_s)
+
+
+_supervisor: list[Supervisor] = []
+
+
+def start_if_first() -> str:
+    """The address of this server's exporter, started here unless a parent process did."""
+    name = os.environ.get(ENV_EXPORTER, "")
+    if not name:
+        name = f"kvscope-{os.getuid()}-{os.getpid()}-{secrets.token_hex(8)}"
+        _supervisor.append(Supervisor(name))
+        os.environ[ENV_EXPORTER] = name
+    return name
+
+
+class Link:
+    """This process's connection to the exporter, and every ring it has handed over."""
+
+    def __init__(self, name: str, hello: dict[str, Any]) -> None:
+        self.name = name
+        self.hello = hello
+        self.rings: list[Ring] = []
+        self.sock: socket.socket | None = None
+        self.closed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def join(cls, hello: dict[str, Any]) -> "Link":
+        link = cls(start_if_first(), {**hello, "pid": os.getpid()})
+        link._attach(link._connect(CONNECT_TIMEOUT_S))
+        threading.Thread(target=link._watch, name="kvscope-exporter-link", daemon=True).start()
+        return link
+
+    def register(self, ring: Ring) -> None:
+        """Hand `ring` to the exporter now, and again after every reconnection (never waits
+        for a reconnection: the watcher sends it then)."""
+        with self._lock:
+            self.rings.append(ring)
+            if self.sock is not None:
+                self._send_ring(self.sock, ring)
+
+    def _connect(self, timeout_s: float) -> socket.socket:
+        """A connection to this user's exporter, greeted; ExporterError when there is none."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            try:
+                sock.connect(address(self.name))
+                break
+            except OSError as e:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise ExporterError(f"no exporter process at @{self.name} after "
+                                        f"{timeout_s:.0f} s ({e})") from None
+                time.sleep(0.05)
+        uid = peer_uid(sock)
+        if uid != os.getuid():
+            sock.close()
+            raise ExporterError(f"the exporter socket @{self.name} belongs to uid {uid}, not "
+                                f"{os.getuid()}: refused")
+        sock.sendall(json.dumps({"hello": self.hello}).encode())
+        return sock
+
+    def _attach(self, sock: socket.socket) -> None:
+        """Use `sock` from now on, after handing it every ring made so far."""
+        with self._lock:
+            for ring in self.rings:
+                self._send_ring(sock, ring)
+            self.sock = sock
+
+    @staticmethod
+    def _send_ring(sock: socket.socket, ring: Ring) -> None:
+        try:
+            socket.send_fds(sock, [b'{"ring": true}'], [ring.fd])
+        except OSError:  # the exporter is gone: the watcher hands it over again
+            pass
+
+    def _watch(self) -> None:
+        """Block until the exporter goes away, then reconnect to the one started again."""
+        while True:
+            sock = self.sock
+            if sock is None:
+                return
+            try:
+                sock.recv(MAX_MESSAGE)  # the exporter never writes: this returns at its end
+            except OSError:
+                pass
+            with self._lock:
+                if self.closed or os.getpid() != self.hello["pid"]:
+                    return
+                self.sock = None
+            sock.close()
+            try:
+                self._attach(self._connect(RECONNECT_S))
+            except ExporterError as e:
+                failsafe.count("exporter.link", e, fix="spans of this process are no longer "
+                               "exported; restart the server to trace again")
+                return
+
+    def close(self) -> None:
+        """Say goodbye (the exporter drains this process's rings), then, in the process that
+        started the exporter, wait for its last export."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.sendall(b'{"bye": true}')
+            except OSError:
+                pass
+            sock.close()
+        for supervisor in _supervisor:
+            if supervisor.owner == os.getpid():
+                supervisor.stop(EXIT_WAIT_S)
+
+    def abandon(self) -> None:
+        """In a forked child: the parent's connection is the parent's (closed, no goodbye)."""
+        self.closed = True
+        if self.sock is not None:
+            os.close(self.sock.detach())
+        self.sock = None
