@@ -79,3 +79,29 @@ def read_until(proc, prefix: str) -> list[str]:
         if line.startswith(prefix):
             return seen
     raise AssertionError(f"never printed {prefix!r}: {''.join(seen)}")
+
+
+class RecordedSpans:
+    """A serving runtime whose rings this process reads itself: the spans the tracer records,
+    rebuilt as the exporter process rebuilds them (times monotonic: clock offset 0)."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import sampling
+
+        from kvscope.tracer.recorder import Recorder
+        from kvscope.tracer.runtime import Runtime
+
+        self.rings: list = []
+        self.runtime = Runtime(Recorder(self.rings.append), 0, sampling.ALWAYS_ON, None)
+        self.resource = Resource.create({})
+        self.spans: list = []
+
+    def get_finished_spans(self) -> list:
+        from kvscope.tracer.exporter import readable_span
+
+        for ring in self.rings:
+            records, _ = ring.read(1 << 20)
+            ring.commit(len(records))
+            self.spans += [readable_span(r, self.resource, 0) for r in records if r.is_span]
+        return list(self.spans)

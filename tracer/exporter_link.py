@@ -213,9 +213,11 @@ class Link:
             except OSError:
                 pass
             sock.close()
-        for supervisor in _supervisor:
-            if supervisor.owner == os.getpid():
-                supervisor.stop(EXIT_WAIT_S)
+        for supervisor in [s for s in _supervisor if s.owner == os.getpid()]:
+            supervisor.stop(EXIT_WAIT_S)
+            _supervisor.remove(supervisor)
+            if os.environ.get(ENV_EXPORTER) == supervisor.name:  # a later tracer starts anew
+                del os.environ[ENV_EXPORTER]
 
     def abandon(self) -> None:
         """In a forked child: the parent's connection is the parent's (closed, no goodbye)."""

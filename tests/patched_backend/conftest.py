@@ -3,18 +3,14 @@
 
 import random
 from collections import defaultdict
-from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import pytest
 import torch
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvscope.patched_backend.parallel_disk import hooks, layout
 from kvscope.testkit.lmcache_harness import Harness, copy_connector, lmcache_config
+from kvscope.testkit.tracing import RecordedSpans
 from kvscope.tracer import runtime
 from kvscope.tracer.spans import RequestTrace
 from kvscope.tracer.storage import ParallelReadListener
@@ -103,18 +99,15 @@ def events() -> Iterator[defaultdict[str, list[Any]]]:
 
 
 @pytest.fixture
-def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    """Finished spans of this process's tracer (the real listener, tracer/storage.py), in
-    memory instead of OTLP; span times are monotonic ns (clock offset 0)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    built = runtime.Runtime(SimpleNamespace(provider=provider, span_processor=processor), 0)
-    monkeypatch.setattr(runtime, "get", lambda *a, **k: built)
+def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordedSpans]:
+    """Finished spans of this process's tracer (the real listener, tracer/storage.py), read
+    from its rings in this process instead of an exporter's; span times are monotonic ns
+    (clock offset 0)."""
+    recorded = RecordedSpans()
+    monkeypatch.setattr(runtime, "get", lambda *a, **k: recorded.runtime)
     listener = ParallelReadListener()
     hooks.add_listener(listener)
-    yield exporter
+    yield recorded
     hooks.remove_listener(listener)
 
 
@@ -122,9 +115,6 @@ def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 def traced_request() -> Callable[[int], RequestTrace]:
     """`traced_request(i)`: the trace of request `req-i`, as the worker tracer holds it."""
     def make(i: int) -> RequestTrace:
-        context = trace.SpanContext(trace_id=0x1000 + i, span_id=0x2000 + i, is_remote=True,
-                                    trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(context))
-        return RequestTrace(parent, f"req-{i}", f"cmpl-req-{i}-0-abcd")
+        return RequestTrace(0x1000 + i, 0x2000 + i, f"req-{i}", f"cmpl-req-{i}-0-abcd")
 
     return make

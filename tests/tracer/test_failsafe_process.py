@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from kvscope.testkit.tracing import wait_until
 
 from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
-from kvscope.tracer import config, failsafe, pipeline, runtime
+from kvscope.tracer import config, failsafe, frontend, pipeline, runtime, spans
 from kvscope.contract import semconv
 from kvscope.tracer.run import summarize_stats
 
@@ -56,37 +54,27 @@ def test_a_bad_clock_offset_does_not_stop_the_runtime(monkeypatch, caplog):
     assert failsafe.counts() == {failsafe.CONFIG + ENV_CLOCK_OFFSET: 1}
 
 
-def _emit_roots(rt: runtime.Runtime, count: int) -> list:
-    spans = []
-    for _ in range(count):
-        span = rt.tracer.start_span(semconv.SPAN_QUEUE)
-        span.end()
-        spans.append(span)
-    return spans
-
-
-def test_parentbased_traceidratio_at_a_quarter_samples_exactly_the_traces_it_should(tmp_path):
-    env = {ENV_SPANS_DIR: str(tmp_path), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-           "OTEL_TRACES_SAMPLER_ARG": str(RATIO)}
-    rt = runtime.Runtime(pipeline.build("test", "test", env), offset_ns=0)
-    roots = _emit_roots(rt, 400)
+def test_parentbased_traceidratio_at_a_quarter_samples_exactly_the_traces_it_should(
+        tmp_path, monkeypatch):
+    """The API server decides (frontend._opened); an unsampled request is not recorded."""
+    monkeypatch.setenv(ENV_SPANS_DIR, str(tmp_path))
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", str(RATIO))
+    rt = runtime.get()
+    assert rt is not None
+    roots = [frontend._opened(rt, None, 1_000) for _ in range(400)]
     bound = round(RATIO * (1 << 64))  # TraceIdRatioBased: the low 64 bits of the trace id
-    sampled = [s for s in roots if s.get_span_context().trace_flags.sampled]
-    for span in roots:
-        low = span.get_span_context().trace_id & ((1 << 64) - 1)
-        assert span.get_span_context().trace_flags.sampled == (low < bound)
+    sampled = [r for r in roots if r is not None]
+    assert all(r.trace_id & ((1 << 64) - 1) < bound for r in sampled)
     assert 50 < len(sampled) < 150
-    children = []
-    for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT):  # a caller's traceparent decides
-        parent = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331,
-                             is_remote=True, trace_flags=TraceFlags(flags))
-        context = trace.set_span_in_context(NonRecordingSpan(parent))
-        child = rt.tracer.start_span(semconv.SPAN_KV_LOOKUP, context=context)
-        child.end()
-        children.append(child.get_span_context().trace_flags.sampled)
-    assert children == [True, False]
-    rt.pipeline.shutdown()
-    stats = rt.pipeline.counters.as_dict()
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0"
+    children = [frontend._opened(rt, {"traceparent": caller + flag}, 1_000) for flag in "10"]
+    assert children[0] is not None and children[1] is None, "a caller's traceparent decides"
+    assert children[0].parent_id == 0xB7AD6B7169203331
+    for request in [*sampled, children[0]]:
+        frontend._finish(rt, request, None, 2_000)
+    runtime.reset()
+    stats = summarize_stats(tmp_path, final=True)
     assert stats["spans_ended"] == len(sampled) + 1
     assert stats["spans_exported"] == {"file": len(sampled) + 1}, "unsampled spans cost no export"
 
@@ -101,9 +89,12 @@ def child_main(env: dict[str, str], count: int, wait_for_sigterm: bool) -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     rt = runtime.get()
+    request = spans.RequestTrace.from_headers(
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        "cmpl-r-0-0123abcd")
+    assert request is not None
     for i in range(count):
-        span = rt.tracer.start_span(semconv.SPAN_QUEUE, attributes={semconv.REQUEST_ID: f"r{i}"})
-        span.end()
+        spans.record(rt, semconv.SPAN_QUEUE, request, 1_000 + i, 2_000 + i)
     if wait_for_sigterm:
         (Path(env[ENV_SPANS_DIR]) / "ready").touch()
         time.sleep(60)

@@ -25,14 +25,25 @@ from kvscope.contract import otlp_json, semconv
 from kvscope.tracer.fileexport import OtlpJsonFileExporter, span_file
 from kvscope.tracer.ids import ProcessIdGenerator
 from kvscope.tracer.run import summarize_stats
-from kvscope.tracer.runtime import Runtime
+from kvscope.tracer.version import SCOPE
 
 
-def _runtime(env: dict[str, str]) -> Runtime:
-    return Runtime(pipeline.build("test-service", "test", env), offset_ns=1_000_000_000)
+class _Sdk:
+    """A pipeline as the exporter process builds one, fed spans through the SDK's tracer."""
+
+    def __init__(self, pipe: pipeline.Pipeline, offset_ns: int) -> None:
+        self.pipeline, self.offset_ns = pipe, offset_ns
+        self.tracer = pipe.provider.get_tracer(SCOPE)
+
+    def epoch(self, monotonic_ns: int) -> int:
+        return monotonic_ns + self.offset_ns
 
 
-def _emit(rt: Runtime, count: int, start_ns: int = 5_000) -> list:
+def _runtime(env: dict[str, str]) -> _Sdk:
+    return _Sdk(pipeline.build("test-service", "test", env), offset_ns=1_000_000_000)
+
+
+def _emit(rt: _Sdk, count: int, start_ns: int = 5_000) -> list:
     spans = []
     for i in range(count):
         span = rt.tracer.start_span(semconv.SPAN_QUEUE, start_time=rt.epoch(start_ns + i),

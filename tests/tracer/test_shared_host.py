@@ -16,7 +16,6 @@ import os
 import pytest
 
 from kvscope.tracer import config, failsafe, metrics, pipeline
-from kvscope.tracer.runtime import Runtime
 
 pytestmark = [pytest.mark.root]
 
@@ -24,8 +23,7 @@ pytestmark = [pytest.mark.root]
 def _export_one_span(env: dict[str, str]) -> pipeline.Pipeline:
     """A pipeline as a vLLM process builds it, one span ended and flushed, shut down."""
     pipe = pipeline.build("test", "vllm", env)
-    runtime = Runtime(pipe, offset_ns=0)
-    runtime.tracer.start_span("kvscope.queue").end()
+    pipe.provider.get_tracer("test").start_span("kvscope.queue").end()
     pipe.flush()
     pipe.shutdown()
     return pipe
