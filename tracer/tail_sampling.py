@@ -3,7 +3,7 @@
 is out.
 
 Under `OTEL_TRACES_SAMPLER=kvscope_tail` the serving threads record every request (their
-sampler is ALWAYS_ON: a record costs about as much as the check would), and the exporter hands
+sampler is ALWAYS_ON: nobody knows at arrival which request will be slow), and the exporter hands
 each record it reads to a TailSampler. A trace's records wait in the sampler until the API
 server's FIRST_TOKEN mark gives its TTFT; then the whole trace is kept (errors, chunk misses,
 slow requests, the caller's sampled traces, a head-sampled fraction of the rest) or dropped,
