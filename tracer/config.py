@@ -15,7 +15,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from opentelemetry.sdk.trace import sampling
 
@@ -23,6 +23,7 @@ from kvscope.contract import files
 from kvscope.contract.clock import plausible_offset
 from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope.tracer import failsafe
+from kvscope.tracer.tail_sampling import WARMING_TTFTS, TailRule
 
 FILE_FLUSH_MS = 200  # the files' schedule delay, and OTLP's unless OTEL_BSP_SCHEDULE_DELAY is set
 STATS_DIR = "stats"  # RUN/spans/stats/<prefix>-<pid>.json, never *.json in spans/ itself
@@ -34,9 +35,18 @@ SAMPLERS: dict[str, Callable[[float], sampling.Sampler]] = {
     "parentbased_always_on": lambda _: sampling.ParentBased(sampling.ALWAYS_ON),
     "parentbased_always_off": lambda _: sampling.ParentBased(sampling.ALWAYS_OFF),
     "parentbased_traceidratio": lambda r: sampling.ParentBased(sampling.TraceIdRatioBased(r)),
+    # every request is recorded whatever its caller's flag; the exporter's TailSampler decides
+    "kvscope_tail": lambda _: sampling.ALWAYS_ON,
 }
 DEFAULT_SAMPLER = "parentbased_always_on"  # the SDK's default
 HOUR_MS = 3_600_000
+TAIL = "kvscope_tail"
+# OTEL_TRACES_SAMPLER_ARG of kvscope_tail, key -> (lowest, highest, whether lowest is allowed):
+# past an hour no TTFT is a threshold, and a million TTFTs is past any window's use.
+TAIL_RANGES: dict[str, tuple[float, float, bool]] = {
+    "ttft_ms": (0, HOUR_MS, False), "percentile": (0, 100, False), "ratio": (0, 1, True),
+    "window": (WARMING_TTFTS, 1_000_000, True)}
+TAIL_OFF = ("ttft_ms", "percentile")  # the keys that `none` turns off
 # variable -> (argument of BatchSpanProcessor, default: the SDK's but the delay, largest value).
 # The SDK takes any integer, but a queue of 10^20 spans fails to build (tracing off) and a
 # delay of 10^20 ms overflows its worker's wait (that exporter dead, silently); a queue of a
@@ -87,11 +97,14 @@ class TracerConfig:
     sampler_arg: float
     clock_offset_ns: int | None  # None: measure this process's own
     service_name: str | None
+    tail: TailRule | None  # what the exporter keeps under kvscope_tail (None: another sampler)
 
     def sampler(self) -> sampling.Sampler:
         return SAMPLERS[self.sampler_name](self.sampler_arg)
 
     def sampler_text(self) -> str:
+        if self.tail is not None:
+            return f"{self.sampler_name} ({self.tail.describe()})"
         ratio = "traceidratio" in self.sampler_name
         return self.sampler_name + (f" (ratio {self.sampler_arg:g})" if ratio else "")
 
@@ -142,7 +155,8 @@ def _parse(env: Mapping[str, str]) -> TracerConfig:
     return TracerConfig(
         spans_dir=_spans_dir(env), otlp=_otlp(env), batch=batch,
         sampler_name=sampler_name, sampler_arg=sampler_arg, clock_offset_ns=_offset(env),
-        service_name=env.get("OTEL_SERVICE_NAME") or None)
+        service_name=env.get("OTEL_SERVICE_NAME") or None,
+        tail=_tail(env) if sampler_name == TAIL else None)
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
@@ -239,6 +253,8 @@ def _sampler(env: Mapping[str, str]) -> tuple[str, float]:
         _bad("OTEL_TRACES_SAMPLER", name, "not a sampler the tracer knows",
              DEFAULT_SAMPLER, " or ".join(SAMPLERS))
         name = DEFAULT_SAMPLER
+    if name == TAIL:
+        return name, 1.0  # its ARG is key=value pairs (_tail)
     value = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
     ratio = _float(value) if value else 1.0
     if ratio is None or not 0.0 <= ratio <= 1.0:
@@ -247,6 +263,51 @@ def _sampler(env: Mapping[str, str]) -> tuple[str, float]:
                  "1.0 (every trace)", "a number between 0 and 1")
         ratio = 1.0
     return name, ratio
+
+
+def _tail(env: Mapping[str, str]) -> TailRule:
+    """kvscope_tail's rule from its ARG's key=value pairs (as the spec's jaeger_remote takes
+    its own); each pair it cannot use leaves that key's default, all said in one line."""
+    value = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    settings: dict[str, Any] = {}  # TailRule's fields, each checked by _tail_value
+    problems = []
+    for pair in filter(None, (part.strip() for part in value.split(","))):
+        key, equals, text = (part.strip() for part in pair.partition("="))
+        try:
+            if not equals or key in settings:
+                raise ConfigError("not key=value" if not equals else "a key given twice")
+            settings[key] = _tail_value(key, text)
+        except ConfigError as e:
+            problems.append(f"{pair}: {e}")
+    rule = TailRule(**settings)
+    if problems:
+        _bad("OTEL_TRACES_SAMPLER_ARG", value, f"not what {TAIL} takes ({'; '.join(problems)})",
+             f"the default for each pair not taken, so {TAIL} {rule.describe()}",
+             "comma-separated key=value pairs: " + ", ".join(
+                 f"{key} ({_tail_range(key)})" for key in TAIL_RANGES))
+    return rule
+
+
+def _tail_value(key: str, text: str) -> float | int | None:
+    """One kvscope_tail setting; ConfigError saying why it is not one."""
+    if key not in TAIL_RANGES:
+        raise ConfigError(f"{key!r} is not one of {', '.join(TAIL_RANGES)}")
+    if key in TAIL_OFF and text.lower() == "none":
+        return None
+    low, high, low_allowed = TAIL_RANGES[key]
+    number = _float(text)
+    if (number is None or not (low <= number if low_allowed else low < number) or number > high
+            or key == "window" and not number.is_integer()):
+        raise ConfigError(f"not {_tail_range(key)}")
+    return int(number) if key == "window" else number
+
+
+def _tail_range(key: str) -> str:
+    low, high, low_allowed = TAIL_RANGES[key]
+    kind = "an integer" if key == "window" else "a number"
+    off = ", or none" if key in TAIL_OFF else ""
+    lowest = f"from {low:.15g} to" if low_allowed else f"above {low:.15g} and at most"
+    return f"{kind} {lowest} {high:.15g}{off}"
 
 
 def _offset(env: Mapping[str, str]) -> int | None:

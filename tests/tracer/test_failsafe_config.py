@@ -9,8 +9,10 @@ import pytest
 
 from kvscope.contract.env import ENV_CLOCK_OFFSET, ENV_SPANS_DIR
 from kvscope.tracer import config, failsafe, pipeline, vllm_plugin
+from kvscope.tracer.tail_sampling import TailRule
 
 OTLP = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+TAIL = {"OTEL_TRACES_SAMPLER": "kvscope_tail"}
 
 
 def _warnings(caplog) -> list[str]:
@@ -49,6 +51,19 @@ def _warnings(caplog) -> list[str]:
     pytest.param({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                   "OTEL_TRACES_SAMPLER_ARG": "25%"}, "OTEL_TRACES_SAMPLER_ARG",
                  lambda c: c.sampler_arg == 1.0, id="sampler-arg"),
+    pytest.param({**TAIL, "OTEL_TRACES_SAMPLER_ARG": "ttft_ms=fast,ratio=0.5"},
+                 "OTEL_TRACES_SAMPLER_ARG", lambda c: c.tail == TailRule(ratio=0.5),
+                 id="tail-ttft-not-a-number-the-good-pair-kept"),
+    pytest.param({**TAIL, "OTEL_TRACES_SAMPLER_ARG": "ratio=2"}, "OTEL_TRACES_SAMPLER_ARG",
+                 lambda c: c.tail == TailRule(), id="tail-ratio-over-1"),
+    pytest.param({**TAIL, "OTEL_TRACES_SAMPLER_ARG": "percentile=nan,window=5"},
+                 "OTEL_TRACES_SAMPLER_ARG", lambda c: c.tail == TailRule(),
+                 id="tail-percentile-nan-window-too-small"),
+    pytest.param({**TAIL, "OTEL_TRACES_SAMPLER_ARG": "0.01"}, "OTEL_TRACES_SAMPLER_ARG",
+                 lambda c: c.tail == TailRule(), id="tail-bare-ratio"),
+    pytest.param({**TAIL, "OTEL_TRACES_SAMPLER_ARG": "speed=fast,ratio=0.1,ratio=0.2"},
+                 "OTEL_TRACES_SAMPLER_ARG", lambda c: c.tail == TailRule(ratio=0.1),
+                 id="tail-unknown-and-twice"),
     pytest.param({ENV_SPANS_DIR: "/proc/kvscope-spans"}, ENV_SPANS_DIR,
                  lambda c: c.spans_dir is None, id="spans-dir-unwritable"),
     # Values that parse but no exporter can use: past int64, past what the SDK can wait or build.
