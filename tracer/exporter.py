@@ -39,6 +39,7 @@ from kvscope.contract import span_record as rec
 from kvscope.tracer import config, exporter_link, pipeline
 from kvscope.tracer.recorder import carried_attributes
 from kvscope.tracer.span_ring import Ring, RingError
+from kvscope.tracer.tail_sampling import TailSampler
 from kvscope.tracer.version import SCOPE as SCOPE_NAME, __version__
 
 logger = logging.getLogger("kvscope.tracer.exporter")
@@ -48,6 +49,7 @@ POLL_S = 0.05
 READ_LIMIT = 8192  # records per ring per round
 DRAIN_S = 5.0  # a closed process's records wait this long for room in a full exporter queue
 MAX_RINGS = 4096  # per exporter: more descriptors than this are refused
+EXPORTER_STATS = "exporter"  # RUN/spans/stats/exporter-<pid>.json: the tail sampler's counts
 _KINDS = {rec.INTERNAL: trace.SpanKind.INTERNAL, rec.SERVER: trace.SpanKind.SERVER,
           rec.CLIENT: trace.SpanKind.CLIENT}
 _SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
@@ -144,9 +146,13 @@ Item = tuple[Source, rec.SpanRecord]
 
 class Exporter:
     def __init__(self, listener: socket.socket, starter_pid: int,
-                 sampler: Any | None = None) -> None:
+                 sampler: TailSampler[Item] | None = None) -> None:
         self.listener = listener
         self.starter_pid = starter_pid
+        spans_dir = config.load().spans_dir
+        self.stats = pipeline.StatsFile(spans_dir, EXPORTER_STATS, os.getpid()) \
+            if sampler is not None and spans_dir is not None else None
+        self._sampling_written: dict[str, Any] = {}
         self.sources: dict[socket.socket, Source] = {}
         self.done: list[Source] = []
         self.sampler = sampler
@@ -227,6 +233,18 @@ class Exporter:
             self._read(source, drain=False)
         if self.sampler is not None:
             self._export(self.sampler.end_round(time.monotonic()))
+            self._write_sampling(closed=False)
+
+    def _write_sampling(self, closed: bool) -> None:
+        """The tail sampler's counts, in a stats file of this exporter's own (summed with
+        every process's into manifest.tracer.sampling), whenever they change."""
+        assert self.sampler is not None
+        counts = self.sampler.counts()
+        if self.stats is None or (counts == self._sampling_written and not closed):
+            return
+        self._sampling_written = counts
+        self.stats.write({"role": EXPORTER_STATS, "exporters": [], "spans_ended": 0,
+                          "sampling": counts, "closed": closed}, {})
 
     def _read(self, source: Source, drain: bool) -> None:
         """Take what `source`'s rings hold, as much as its exporters' queues have room for
@@ -269,6 +287,7 @@ class Exporter:
             self._close(source)
         if self.sampler is not None:
             self._export(self.sampler.drain())
+            self._write_sampling(closed=True)
         closing = [threading.Thread(target=source.pipeline.shutdown) for source in self.done]
         for thread in closing:
             thread.start()
@@ -289,15 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _tail_sampler() -> Any | None:
+def _tail_sampler() -> TailSampler[Item] | None:
     """The tail sampler OTEL_TRACES_SAMPLER asks for, or None (head sampling, in the API
     server)."""
-    rule = getattr(config.load(), "tail", None)
-    if rule is None:
-        return None
-    from kvscope.tracer.tail_sampling import TailSampler
-
-    return TailSampler(rule)
+    rule = config.load().tail
+    return None if rule is None else TailSampler(rule)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,10 @@ STATS_SCHEMA = {
         "hook_errors": _COUNTS_BY_NAME,
         "config_errors": _COUNTS_BY_NAME,
         "closed": {"type": "boolean"},
+        "role": {"type": "string"},  # "exporter": the exporter process's own file
+        "records": _COUNTS_BY_NAME,  # the rings' counts (tracer/exporter.py)
+        "sampling": {"type": "object", "additionalProperties": {  # the tail sampler's counts
+            "anyOf": [_COUNT, _COUNTS_BY_NAME]}},
     },
 }
 STATS_MAX_BYTES = 1 << 20  # a process's counters are a few hundred bytes

@@ -77,6 +77,10 @@ def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
     if refused:
         total["stats_files_refused"] = refused
     for stats in every:
+        if "sampling" in stats:
+            _add_sampling(total.setdefault("sampling", {}), stats["sampling"])
+        if "role" in stats:  # the exporter process's own file: no spans of its own
+            continue
         total["processes"] += 1
         total["exporters"] = sorted(set(total["exporters"]) | set(stats.get("exporters", ())))
         total["spans_ended"] += int(stats.get("spans_ended", 0))
@@ -86,6 +90,17 @@ def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
             for where, count in stats.get(key, {}).items():
                 total[key][where] = total[key].get(where, 0) + int(count)
     return total
+
+
+def _add_sampling(total: dict[str, Any], counts: dict[str, Any]) -> None:
+    """Tail-sampling counts (tracer/tail_sampling.py) summed over exporter processes."""
+    for key, value in counts.items():
+        if isinstance(value, dict):
+            mine = total.setdefault(key, {})
+            for reason, n in value.items():
+                mine[reason] = mine.get(reason, 0) + int(n)
+        else:
+            total[key] = total.get(key, 0) + int(value)
 
 
 def read_stats(spans_dir: Path) -> list[dict[str, Any]]:
