@@ -85,6 +85,19 @@ def reset() -> None:
         _state.clear()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child must neither write its parent's rings nor hold its parent's link open
+    (the exporter would wait for the child to close it); its own runtime is built anew."""
+    runtime = _state.get("runtime")
+    if isinstance(runtime, Runtime):
+        runtime.recorder.close_inherited()
+        if runtime.link is not None:
+            runtime.link.abandon()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Runtime:
     """A process's recorder, the clock offset its exporter applies, and the API server's
     sampler (the other processes trace what the request's context says is sampled)."""
