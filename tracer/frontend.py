@@ -51,8 +51,9 @@ _open: dict[str, _Open] = {}  # internal (engine) request id -> its open server 
 def _opened(rt: runtime.Runtime, incoming: Any, arrived: int) -> _Open | None:
     """The request's server span, or None when the sampler says it is not traced (it then
     costs nothing further in any process)."""
-    context = spans.context_from_headers(incoming)
-    parent = trace.get_current_span(context).get_span_context()
+    parent = spans.remote_parent(incoming) or trace.INVALID_SPAN_CONTEXT
+    context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent.is_valid \
+        else None
     trace_id = parent.trace_id if parent.is_valid else ids.trace_id()
     decision = rt.sampler.should_sample(context, trace_id, semconv.SPAN_SERVER_REQUEST,
                                         trace.SpanKind.SERVER)
@@ -60,13 +61,11 @@ def _opened(rt: runtime.Runtime, incoming: Any, arrived: int) -> _Open | None:
         return None
     span_id = ids.span_id()
     state = parent.trace_state if parent.is_valid else decision.trace_state
-    mine = trace.SpanContext(trace_id, span_id, False,
-                             trace.TraceFlags(trace.TraceFlags.SAMPLED), state)
-    request = _Open(trace_id, span_id, parent.span_id if parent.is_valid else 0,
-                    spans.headers_from_context(trace.set_span_in_context(
-                        trace.NonRecordingSpan(mine))), arrived)
+    headers = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
+    request = _Open(trace_id, span_id, parent.span_id if parent.is_valid else 0, headers,
+                    arrived)
     if state:
-        request.extra["trace_state"] = state.to_header()
+        request.extra["trace_state"] = headers["tracestate"] = state.to_header()
     if parent.is_valid:
         request.parent_sampled = parent.trace_flags.sampled
     return request
