@@ -126,7 +126,7 @@ def write_report(study: Path, reps: list[dict[str, Path]], table: pd.DataFrame,
         table.to_markdown(index=False, floatfmt=".3f"), "",
         "## Device ceiling (one per disk)", "", *ceiling_lines(runs), "",
         "## Read knobs", "", *knob_lines(every), "",
-        "## What limits the gain", "", *[f"- {line}" for line in verdict(table, runs)], "",
+        "## What limits the gain", "", *[f"- {line}" for line in verdict(table, runs, summary)], "",
     ]
     targets = target_rows(runs, headline(runs))
     if not targets.empty:

@@ -11,8 +11,8 @@ stores kvscope's chunk format through a write-only tier and every other persiste
 peers: LMCache's raw-block image, its fs connector's files) through a tier of its own listed after
 stock's, and every other profile runs its cold phases in a new server on those files; later
 repetitions read the same files again (stock, whose index lives in memory, warms each time).
-Every run measures the ceiling before its first cold phase and the study again after its last, and the best of all of them is the ceiling every run is
-judged against (`record`). After the last run its disk is read once more, alternately idle and
+Every run measures the ceiling before its first cold phase and the study again after its last,
+and the best of all of them is the ceiling every run is judged against (`record`). After the last run its disk is read once more, alternately idle and
 with every CPU busy (`ceiling.measure_busy`): a live phase reads while the engine computes, and
 on a VM busy vCPUs can slow the disk itself, so the ceiling scaled by that ratio is a second bar.
 """

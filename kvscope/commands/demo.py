@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + table[HEADLINE_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if compared := study_repeats.lines(summary):
         print(f"\nagainst {BASELINE}, over {len(reps)} repetition(s):\n" + "\n".join(compared))
-    print("\n" + "\n".join(study_verdict.verdict(table, runs)))
+    print("\n" + "\n".join(study_verdict.verdict(table, runs, summary)))
     if peers := study_peers.peer_verdicts(table, summary):
         print("\nkvscope against the other disk paths:\n" + "\n".join(peers))
     targets = study_targets.target_rows(runs, study_tables.headline(runs))

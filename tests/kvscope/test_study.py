@@ -71,8 +71,12 @@ def test_verdict_and_report_name_the_limit(runs, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("c=")
     report = study_md(tmp_path, runs, table)
     assert "## Headline" in report and "## Every ratio, across repetitions" in report
-    assert "unknown spread" in report and "One repetition of each profile" in report
-    assert lines[0] in report
+    assert "One repetition of each profile" in report
+    [said] = study_verdict.verdict(table, runs, study_repeats.replicated([runs]))
+    assert "x (unknown spread: one repetition), throughput" in said
+    assert said.startswith(lines[0].split(";")[0]) and said in report
+    [thrice] = study_verdict.verdict(table, runs, study_repeats.replicated([runs] * 3))
+    assert "across 3 repetitions), throughput" in thrice
 
 
 def _ceiling(rate: float, when: str = "before the first cold phase") -> dict:
