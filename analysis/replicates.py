@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 ABOVE, BELOW, LEVEL, UNKNOWN = "above", "below", "level", "unknown spread"
+SAID = {ABOVE: "ahead", BELOW: "behind", LEVEL: LEVEL, UNKNOWN: UNKNOWN}  # a ratio's standing
 # two-sided 95 % Student t quantiles by degrees of freedom (a table: no scipy in the readers)
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,

@@ -122,7 +122,7 @@ def compact(row: dict, label: str) -> str:
     if row["reps"] < 2:
         return f"{label} {row['ratio']:.2f}x ({replicates.UNKNOWN})"
     return (f"{label} {row['ratio']:.2f}x [{row['rep_lo']:.2f}, {row['rep_hi']:.2f}] "
-            f"{row['standing']}")
+            f"{replicates.SAID[row['standing']]}")
 
 
 def table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -137,4 +137,4 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         "across repetitions (95 %)": cell(summary["rep_lo"], summary["rep_hi"]),
         "within a run (95 %, median)": cell(summary["run_lo"], summary["run_hi"]),
         "each repetition": [", ".join(f"{r:.2f}" for r in rs) for rs in summary["ratios"]],
-        "standing": summary["standing"]})
+        "standing": summary["standing"].map(replicates.SAID)})

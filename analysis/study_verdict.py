@@ -37,7 +37,7 @@ def _standings(summary: pd.DataFrame | None) -> dict[tuple[str, str], str]:
     ours = summary[(summary["profile"] == CANDIDATE) & (summary["against"] == BASELINE)]
     return {(str(r["phase"]), str(r["metric"])):
             f" ({replicates.UNKNOWN}: one repetition)" if r["reps"] < 2
-            else f" ({r['standing']} across {r['reps']} repetitions)"
+            else f" ({replicates.SAID[r['standing']]} across {r['reps']} repetitions)"
             for r in ours.to_dict("records")}
 
 
