@@ -98,7 +98,13 @@ def check(gates: dict[str, Any],
     and what the first pair's value came from.
 
     `pairs`: (baseline, candidate) per repetition, each {"attribution": ..., "requests": ...}.
+
+    Raises:
+        ValueError: no pair, or a phase a run lacks.
     """
+    if not pairs:
+        raise ValueError("no pair of runs to judge: give a candidate and a baseline run per "
+                         "repetition")
     out = []
     for g in gates["gates"]:
         measured = [_value(g, base, cand) for base, cand in pairs]
