@@ -8,6 +8,10 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 EXAMPLES = """examples:
   kvscope demo                                   # prints its estimate first (a short calibration)
@@ -80,6 +84,29 @@ def _ceiling_words(runs: dict[str, Path]) -> str:
             f"reads, {measured['depth']} in flight)")
 
 
+def _print_findings(reps: list[dict[str, Path]], table: pd.DataFrame,
+                    summary: pd.DataFrame) -> None:
+    """The headline over repetitions, every ratio against serial with where it stands, what
+    limits the gain, kvscope against the other paths, and the first repetition's targets."""
+    from kvscope.analysis import (study_peers, study_repeats, study_tables, study_targets,
+                                  study_verdict)
+    from kvscope.contract.study_roles import BASELINE
+
+    runs = reps[0]
+    print("\n" + table[HEADLINE_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if compared := study_repeats.lines(summary):
+        print(f"\nagainst {BASELINE}, over {len(reps)} repetition(s):\n" + "\n".join(compared))
+    print("\n" + "\n".join(study_verdict.verdict(table, runs, summary)))
+    if peers := study_peers.peer_verdicts(table, summary):
+        print("\nkvscope against the other disk paths:\n" + "\n".join(peers))
+    targets = study_targets.target_rows(runs, study_tables.headline(runs))
+    if not targets.empty:
+        print("\ntargets, first repetition (read >= 0.95x ceiling, disk busy >= 90 %, TTFT p50 "
+              "<= 1.2x floor):")
+        print(targets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print("\n".join(study_targets.target_reasons(runs, targets)))
+
+
 def _each(reps: list[dict[str, Path]], profile: str, missing: str) -> str:
     """A profile's run of every repetition, in block order: the gates pair them by position."""
     return " ".join(str(runs[profile]) for runs in reps if profile in runs) or missing
@@ -87,8 +114,7 @@ def _each(reps: list[dict[str, Path]], profile: str, missing: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from kvscope import estimate, study, study_options
-    from kvscope.analysis import (study_peers, study_repeats, study_report, study_tables,
-                                  study_targets, study_verdict)
+    from kvscope.analysis import study_repeats, study_report
     from kvscope.contract.study_roles import BASELINE, CANDIDATE
     from kvscope.capture.device_twin import DeviceTwinError
     from kvscope.capture.workload import device
@@ -122,18 +148,7 @@ def run(args: argparse.Namespace) -> int:
     table, summary = study_repeats.pooled_headline(reps), study_repeats.replicated(reps)
     report = study_report.write_report(out, reps, table, summary,
                                        {p: study.warm_group(p) for p in runs})
-    print("\n" + table[HEADLINE_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    if compared := study_repeats.lines(summary):
-        print(f"\nagainst {BASELINE}, over {len(reps)} repetition(s):\n" + "\n".join(compared))
-    print("\n" + "\n".join(study_verdict.verdict(table, runs, summary)))
-    if peers := study_peers.peer_verdicts(table, summary):
-        print("\nkvscope against the other disk paths:\n" + "\n".join(peers))
-    targets = study_targets.target_rows(runs, study_tables.headline(runs))
-    if not targets.empty:
-        print("\ntargets, first repetition (read >= 0.95x ceiling, disk busy >= 90 %, TTFT p50 "
-              "<= 1.2x floor):")
-        print(targets.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        print("\n".join(study_targets.target_reasons(runs, targets)))
+    _print_findings(reps, table, summary)
     print(f"\ndevice:    {read_from}, {_ceiling_words(runs)}")
     print(f"report:    {report}")
     print(f"dashboard: .venv/bin/kvscope dashboard {' '.join(map(str, runs.values()))}")

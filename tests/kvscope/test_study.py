@@ -477,3 +477,18 @@ def test_the_headline_over_repetitions_takes_medians_and_the_ratios_geometric_me
     assert not (summary["standing"] == replicates.UNKNOWN).any()
     for line in study_repeats.lines(summary):
         assert f"- {line}" in report and "across 3 repetitions" in line
+
+
+def test_the_demos_headline_names_no_winner_from_one_repetition(runs, capsys):
+    """What `kvscope demo` prints after the runs: with one repetition every comparison says
+    its spread is unknown; with three (the same runs: no spread) each says where it stands."""
+    from kvscope.commands import demo
+
+    for reps, said in (([runs], "TTFT p50 unknown spread (one repetition: no winner claimed"),
+                       ([runs] * 3, "95 % interval across 3 repetitions")):
+        demo._print_findings(reps, study_repeats.pooled_headline(reps),
+                             study_repeats.replicated(reps))
+        out = capsys.readouterr().out
+        [line] = [x for x in out.splitlines() if x.startswith(f"`{study_roles.CANDIDATE}` against")]
+        assert said in line, line
+    assert ("TTFT p50 faster" in line) or ("TTFT p50 slower" in line)
