@@ -9,7 +9,9 @@ with no vLLM, LMCache or BPF installed. What the other rooms call, by job:
                  the three steps outputs runs, re-exported here for notebooks and tests
     compare, gate, acceptance     one run against another: deltas with intervals, CI gates
     ledger, readpath, findings, throughput, whatif     the questions a summary answers
-    study_tables, study_verdict, study_targets, study_peers, study_report     a finished study
+    study_tables, study_verdict, study_targets, study_peers, study_repeats, study_report
+                 a finished study; replicates: intervals across its repetitions and the rule
+                 (ahead, behind, level, unknown spread) its headline and the gates share
     fleet, slices, parallel, spantable     many runs, long runs, and the span table's cache
 
 Synthetic runs with known components, for tests and benches, are in kvscope.testkit.synthetic.

@@ -11,6 +11,13 @@ and `min` and/or `max`:
 - `throughput_ratio` (of `rate`, one of analysis.throughput.METRICS, default requests_per_s):
   candidate / baseline, with its 95 % bootstrap interval in the detail
 - `share` (of `component` in the candidate's TTFT in the phase): sum(component) / sum(ttft)
+
+A gate is judged over repetitions, by the same rule as the study's headline
+(analysis.replicates): each pair of runs (the candidate and the baseline of one block of a
+study) gives one value, and a gate passes only when the 95 % interval of those values across
+pairs clears its bound (lies above `min`, below `max`). An interval that includes the bound is
+"level" with it and fails, and one pair alone (spread unknown) is UNKNOWN and does not pass, so
+a rerun of the same study passes or fails the same gates.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvscope.analysis import throughput
+from kvscope.analysis import replicates, throughput
 from kvscope.analysis.compare import PARTS, STATS, rows
 
 METRICS = ("reduction", "speedup", "throughput_ratio", "share")
@@ -84,21 +91,44 @@ def _value(gate: dict[str, Any], base: dict[str, pd.DataFrame],
                                f"95 % CI of the ratio [{r['ratio_lo']:.3f}, {r['ratio_hi']:.3f}]")
 
 
-def check(gates: dict[str, Any], baseline: dict[str, pd.DataFrame],
-          candidate: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per gate: value, bounds, pass / FAIL and what the value came from.
+def check(gates: dict[str, Any],
+          pairs: list[tuple[dict[str, pd.DataFrame], dict[str, pd.DataFrame]]]) -> pd.DataFrame:
+    """One row per gate: value (over `pairs`: a geometric mean, as the interval), its 95 %
+    interval across pairs (`lo`, `hi`, NaN with one), `reps`, bounds, pass / FAIL / UNKNOWN
+    and what the first pair's value came from.
 
-    `baseline` and `candidate`: {"attribution": ..., "requests": ...} of each run.
+    `pairs`: (baseline, candidate) per repetition, each {"attribution": ..., "requests": ...}.
+
+    Raises:
+        ValueError: no pair, or a phase a run lacks.
     """
+    if not pairs:
+        raise ValueError("no pair of runs to judge: give a candidate and a baseline run per "
+                         "repetition")
     out = []
     for g in gates["gates"]:
-        value, detail = _value(g, baseline, candidate)
+        measured = [_value(g, base, cand) for base, cand in pairs]
+        values = [value for value, _ in measured]
+        s = (replicates.spread([1 - v for v in values]).complement() if g["metric"] ==
+             "reduction" else replicates.spread(values))
         low, high = g.get("min"), g.get("max")
-        ok = (low is None or value >= low) and (high is None or value <= high)
-        out.append({"gate": g.get("name") or f"{g['phase']} {g['metric']}", "value": value,
-                    "min": low, "max": high, "status": "pass" if ok else "FAIL",
-                    "detail": detail})
-    return pd.DataFrame(out, columns=["gate", "value", "min", "max", "status", "detail"])
+        clears = ((low is None or replicates.standing(s, low) == replicates.ABOVE)
+                  and (high is None or replicates.standing(s, high) == replicates.BELOW))
+        status = ("UNKNOWN" if replicates.standing(s) == replicates.UNKNOWN
+                  else "pass" if clears else "FAIL")
+        out.append({"gate": g.get("name") or f"{g['phase']} {g['metric']}", "value": s.center,
+                    "lo": s.lo, "hi": s.hi, "reps": s.reps, "min": low, "max": high,
+                    "status": status, "detail": measured[0][1]})
+    return pd.DataFrame(out, columns=["gate", "value", "lo", "hi", "reps", "min", "max",
+                                      "status", "detail"])
+
+
+def spread_words(r: Any) -> str:
+    """A result row's interval across repetitions, or why it has none."""
+    if r.reps < 2:
+        return ("one repetition: the spread across runs is unknown, so no gate passes; give "
+                "the runs of 2 or more repetitions (kvscope demo --repeats 3)")
+    return f"95 % interval across {r.reps} repetitions [{r.lo:.4f}, {r.hi:.4f}]"
 
 
 def bounds(r: Any) -> str:
@@ -108,4 +138,5 @@ def bounds(r: Any) -> str:
 
 
 def failure_message(r: Any) -> str:
-    return f"{r.gate}: {r.value:.4f} is not {bounds(r)} ({r.detail})"
+    return (f"{r.gate}: {r.value:.4f} is not {bounds(r)} over the whole interval "
+            f"({spread_words(r)}; first repetition: {r.detail})")

@@ -1,7 +1,7 @@
 """study.md: a finished study's report, from its run directories alone.
 
-The headline table, the verdict, the targets, the comparisons and the peer comparison come
-from the other analysis.study_* readers; the lines here say what only the manifests know: the
+The headline table over repetitions, the verdict, the targets, the ratios across repetitions
+and the peer comparison come from the other analysis.study_* readers; the lines here say what only the manifests know: the
 study's ceiling per disk, each run's read knobs and whose warm phase stored its chunk files.
 """
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvscope.analysis.study_peers import peer_comparisons, peer_table, peer_verdicts
-from kvscope.analysis.study_tables import comparisons, throughput_comparisons
+from kvscope.analysis import study_repeats
+from kvscope.analysis.study_peers import peer_verdicts
+from kvscope.analysis.study_tables import headline
 from kvscope.analysis.study_targets import (TARGET_BUSY, TARGET_READ, TARGET_TTFT, target_reasons,
                                            target_rows)
 from kvscope.analysis.study_verdict import verdict
@@ -90,12 +91,28 @@ def warm_lines(runs: dict[str, Path], warm_groups: dict[str, str | None]) -> lis
     return lines
 
 
-def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame,
-                 warm_groups: dict[str, str | None]) -> Path:
-    """study.md: the headline table, the verdict, the comparisons and links to each run
-    (`warm_groups` as in warm_lines)."""
+def repeat_lines(reps: list[dict[str, Path]]) -> list[str]:
+    """How many times each profile ran, and how later repetitions got their chunk files."""
+    if len(reps) < 2:
+        return ["- One repetition of each profile: the spread from one run to the next is "
+                "unknown, so no comparison below is called ahead or behind (run the study "
+                "with --repeats 3)."]
+    return [f"- {len(reps)} repetitions of each profile, in interleaved blocks (every profile "
+            "once per block; study.json's `run_order` gives the order, its `order` and `seed` "
+            "how it was drawn). Later repetitions read the chunk files the first stored (a "
+            "profile whose index lives in its server's memory, as stock's, warms again)."]
+
+
+def write_report(study: Path, reps: list[dict[str, Path]], table: pd.DataFrame,
+                 summary: pd.DataFrame, warm_groups: dict[str, str | None]) -> Path:
+    """study.md: the headline table over repetitions (`table`, study_repeats.pooled_headline),
+    the verdict, every ratio across repetitions (`summary`, study_repeats.replicated) and
+    links to each run (`warm_groups` as in warm_lines). The verdict, targets, read knobs and
+    warm phases are the first repetition's: they explain one run, not a spread."""
+    runs = reps[0]
     first = rundir.read_manifest(next(iter(runs.values())))
     model, workload = first["model"], first["workload"]
+    every = {run.name: run for one in reps for run in one.values()}
     lines = [
         f"# kvscope study: {' vs '.join(runs)}", "",
         f"Model twin `{model['twin']}` ({model['kv_bytes_per_token'] / 1024:g} KiB of KV per token, "
@@ -103,39 +120,39 @@ def write_report(study: Path, runs: dict[str, Path], table: pd.DataFrame,
         f"{workload['prompt_tokens']} tokens; cold phases at concurrency "
         f"{', '.join(map(str, workload['concurrency']))}; machine {first['machine']['hostname']} "
         f"({first['machine']['cpus']} CPUs, disk {first['machine']['disk_device']}).", "",
-        "## Headline (cold phases; seconds, GB/s, per second)", "",
+        *repeat_lines(reps), "",
+        "## Headline (cold phases; seconds, GB/s, per second; the median over repetitions, "
+        "ratios to serial their geometric mean)", "",
         table.to_markdown(index=False, floatfmt=".3f"), "",
         "## Device ceiling (one per disk)", "", *ceiling_lines(runs), "",
-        "## Read knobs", "", *knob_lines(runs), "",
-        "## What limits the gain", "", *[f"- {line}" for line in verdict(table, runs)], "",
+        "## Read knobs", "", *knob_lines(every), "",
+        "## What limits the gain", "", *[f"- {line}" for line in verdict(table, runs, summary)], "",
     ]
-    targets = target_rows(runs, table)
+    targets = target_rows(runs, headline(runs))
     if not targets.empty:
-        lines += [f"## Targets at c = 8 and 16, new path beside the one before it (read >= "
-                  f"{TARGET_READ}x ceiling, disk busy >= {TARGET_BUSY:.0%} of the read span, "
-                  f"TTFT p50 <= {TARGET_TTFT}x the floor: bytes waited for / ceiling + own "
-                  "prefill)", "", targets.to_markdown(index=False, floatfmt=".3f"), "",
-                  *[f"- {line}" for line in target_reasons(runs, targets)], ""]
+        lines += [f"## Targets at c = 8 and 16, new path beside the one before it, first "
+                  f"repetition (read >= {TARGET_READ}x ceiling, disk busy >= {TARGET_BUSY:.0%} "
+                  f"of the read span, TTFT p50 <= {TARGET_TTFT}x the floor: bytes waited for / "
+                  "ceiling + own prefill)", "", targets.to_markdown(index=False, floatfmt=".3f"),
+                  "", *[f"- {line}" for line in target_reasons(runs, targets)], ""]
     if warm := warm_lines(runs, warm_groups):
         lines += ["## Warm phases", "", *warm, ""]
-    compared = comparisons(runs)
-    if not compared.empty:
-        lines += ["## Serial vs parallel (p50, 95 % bootstrap CI of the speedup)", "",
-                  compared.to_markdown(index=False, floatfmt=".3f"), ""]
-    rates = throughput_comparisons(runs)
-    if not rates.empty:
-        lines += ["## Throughput, parallel / serial (95 % bootstrap CI of the ratio)", "",
-                  rates.to_markdown(index=False, floatfmt=".3f"), ""]
-    peers = peer_comparisons(runs)
-    if not peers.empty:
+    if not summary.empty:
+        lines += ["## Every ratio, across repetitions", "",
+                  "Each profile against `against` per cold phase, > 1: the profile better "
+                  "(TTFT and storage read: against's p50 over the profile's; read GB/s and "
+                  "requests/s: the profile's over against's). Standing: the interval across "
+                  "repetitions (a 95 % t-interval of the log ratios) above 1, below 1, level "
+                  "where it includes 1, unknown spread with one repetition; the within-run "
+                  "interval (a bootstrap over one run's requests) is shown, not used.", "",
+                  study_repeats.table(summary).to_markdown(index=False), "",
+                  *[f"- {line}" for line in study_repeats.lines(summary)], ""]
+    if peers := peer_verdicts(table, summary):
         lines += ["## kvscope against the other disk paths", "",
-                  "Ratios other / kvscope for TTFT p50 and kvscope / other for requests/s (> 1: "
-                  "kvscope ahead), 95 % bootstrap CIs; what limits each side from its "
-                  "attribution and block I/O.", "",
-                  peer_table(peers).to_markdown(index=False, floatfmt=".3f"), "",
-                  *[f"- {line}" for line in peer_verdicts(table, peers)], ""]
-    lines += ["## Runs", ""] + [f"- `{p}`: [{r.name}/report.md]({r.name}/report.md)"
-                                for p, r in runs.items()]
+                  "What limits each side from its attribution and block I/O (medians over "
+                  "repetitions).", "", *[f"- {line}" for line in peers], ""]
+    lines += ["## Runs", ""] + [f"- `{name}`: [{name}/report.md]({name}/report.md)"
+                                for name in every]
     report = study / "study.md"
     files.atomic_write(report, "\n".join(lines) + "\n", files.OUTPUT_FILE_MODE)
     return report

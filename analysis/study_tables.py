@@ -2,8 +2,9 @@
 
 `kvscope demo` makes the runs (kvscope.study); reading them back is a reader's job, so a
 dashboard or CI can judge a study copied from another machine, with no vLLM or LMCache
-installed. The headline table here is what the verdicts, the targets, the peer comparison and
-study.md (analysis.study_report) are built on.
+installed. The headline table here, one repetition's, is what the verdicts, the targets, the
+ratios across repetitions (analysis.study_repeats) and study.md (analysis.study_report) are
+built on.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvscope.analysis import compare, outputs, throughput
 from kvscope.analysis.findings import ceiling_of, phase_reads
 from kvscope.contract import rundir
 from kvscope.contract.study_roles import BASELINE, CANDIDATE
@@ -97,37 +97,3 @@ def bound(row) -> str:
     if row.read_vs_ceiling >= CEILING_BOUND and row.disk_busy_share >= CEILING_BOUND:
         return DEVICE_BOUND
     return READ_PATH_BOUND
-
-
-def comparisons(runs: dict[str, Path]) -> pd.DataFrame:
-    """Serial vs parallel per cold phase: TTFT and storage-read speedups with 95 % CIs."""
-    if BASELINE not in runs or CANDIDATE not in runs:
-        return pd.DataFrame()
-    a, b = outputs.load_attribution(runs[BASELINE]), outputs.load_attribution(runs[CANDIDATE])
-    rows = []
-    for phase in sorted(set(a["phase"]) & set(b["phase"])):
-        if not phase.startswith("cold"):
-            continue
-        table = compare.compare(a, b, phase=phase).set_index("component")
-        for part in ("ttft", "storage_read"):
-            r = table.loc[part]
-            rows.append({"phase": phase, "component": part, "serial_p50_s": r.a_s,
-                         "parallel_p50_s": r.b_s, "speedup": r.speedup,
-                         "ci95": f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]"})
-    return pd.DataFrame(rows)
-
-
-def throughput_comparisons(runs: dict[str, Path]) -> pd.DataFrame:
-    """Parallel over serial throughput per cold phase and metric, with 95 % bootstrap CIs."""
-    if BASELINE not in runs or CANDIDATE not in runs:
-        return pd.DataFrame()
-    a, b = (rundir.read_table(runs[p], "requests") for p in (BASELINE, CANDIDATE))
-    if a is None or b is None:
-        return pd.DataFrame()
-    frames = [throughput.ratio(a, b, phase)
-              for phase in sorted(set(a["phase"]) & set(b["phase"])) if phase.startswith("cold")]
-    if not frames:
-        return pd.DataFrame()
-    table = pd.concat(frames, ignore_index=True).rename(columns={"a": "serial", "b": "parallel"})
-    table["ci95"] = [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(table["ratio_lo"], table["ratio_hi"])]
-    return table.drop(columns=["ratio_lo", "ratio_hi"])

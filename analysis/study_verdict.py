@@ -13,16 +13,32 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvscope.analysis import readpath
+from kvscope.analysis import readpath, replicates
 from kvscope.analysis.study_tables import CEILING_BOUND, MINOR_SHARE, phase_row
-from kvscope.contract.study_roles import CANDIDATE
+from kvscope.contract.study_roles import BASELINE, CANDIDATE
 
 
-def verdict(table: pd.DataFrame, runs: dict[str, Path] | None = None) -> list[str]:
+def verdict(table: pd.DataFrame, runs: dict[str, Path] | None = None,
+            summary: pd.DataFrame | None = None) -> list[str]:
     """What limits the gain, in numbers, per concurrency level of the parallel path; with the
-    runs, each line ends with where that phase's read bandwidth went (analysis.readpath)."""
-    return [_limit(row) + _where_reads_went(runs, str(row.phase))
+    runs, each line ends with where that phase's read bandwidth went (analysis.readpath); with
+    the ratios across repetitions (analysis.study_repeats.replicated), each gain over serial
+    says where it stands by their rule, so no line claims a gain the spread does not show."""
+    standings = _standings(summary)
+    return [_limit(row, standings) + _where_reads_went(runs, str(row.phase))
             for row in table[table["profile"] == CANDIDATE].itertuples()]
+
+
+def _standings(summary: pd.DataFrame | None) -> dict[tuple[str, str], str]:
+    """(phase, metric) -> " (level across 3 repetitions)" and the like, for the candidate
+    against the serial baseline."""
+    if summary is None or summary.empty:
+        return {}
+    ours = summary[(summary["profile"] == CANDIDATE) & (summary["against"] == BASELINE)]
+    return {(str(r["phase"]), str(r["metric"])):
+            f" ({replicates.UNKNOWN}: one repetition)" if r["reps"] < 2
+            else f" ({replicates.SAID[r['standing']]} across {r['reps']} repetitions)"
+            for r in ours.to_dict("records")}
 
 
 def _where_reads_went(runs: dict[str, Path] | None, phase: str) -> str:
@@ -33,12 +49,14 @@ def _where_reads_went(runs: dict[str, Path] | None, phase: str) -> str:
     return f". Read path: {readpath.words(row)}" if row else ""
 
 
-def _limit(row) -> str:
+def _limit(row, standings: dict[tuple[str, str], str]) -> str:
     """The verdict for one row of the parallel path."""
     share = row.read_vs_ceiling
     read_share = row.storage_read_p50_s / row.ttft_p50_s if row.ttft_p50_s else math.nan
-    gain = (f"speedup over serial {row.speedup_vs_serial:.2f}x, throughput "
-            f"{row.throughput_vs_serial:.2f}x")
+    gain = (f"speedup over serial {row.speedup_vs_serial:.2f}x"
+            f"{standings.get((str(row.phase), 'ttft'), '')}, throughput "
+            f"{row.throughput_vs_serial:.2f}x"
+            f"{standings.get((str(row.phase), 'requests_per_s'), '')}")
     if read_share < MINOR_SHARE:
         return (f"c={row.conc}: storage reads are only {read_share:.0%} of TTFT "
                 f"({row.storage_read_p50_s * 1e3:.1f} of {row.ttft_p50_s * 1e3:.1f} ms p50), so the "

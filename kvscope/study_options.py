@@ -9,6 +9,8 @@ from pathlib import Path
 from kvscope.capture.workload.profiles import PEERS
 from kvscope.contract.study_roles import BASELINE, CANDIDATE, CLASSIC
 
+ORDERS = ("abba", "random")
+
 
 @dataclass
 class StudyOptions:
@@ -24,4 +26,7 @@ class StudyOptions:
     kv_dir_base: Path | None = None  # chunk files go to <base>/kv-<profile or warm group>
     device: str = "disk"  # or twin:<profile> (capture/workload/device.py)
     share_warm: bool = True  # profiles of one chunk format share one warm phase
+    repeats: int = 3  # runs of each profile, in interleaved blocks (kvscope.study.block_orders)
+    order: str = "abba"  # or "random": how the blocks after the first are ordered
+    seed: int = 0  # the random order's seed, recorded in study.json
     command: list[str] = field(default_factory=list)

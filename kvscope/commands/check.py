@@ -1,5 +1,6 @@
 """`kvscope check`: the TTFT regression gate (RUN --baseline FILE) and the acceptance gates
-(CANDIDATE --against BASELINE_RUN --gates FILE); exit 1 when a gate fails, 2 on bad input."""
+(CANDIDATE... --against BASELINE... --gates FILE, one run of each per repetition); exit 1 when a
+gate fails or cannot tell (one repetition), 2 on bad input."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kvscope.contract import files
 EPILOG = """examples:
   kvscope check runs/new --baseline ci/ttft-baseline.json --junit out.xml
   kvscope check runs/good --baseline ci/ttft-baseline.json --write-baseline --phase cold --tolerance 0.15
-  kvscope check runs/demo-X/kvscope --against runs/demo-X/kvscope-serial \\
+  kvscope check runs/demo-X/kvscope-r* --against runs/demo-X/kvscope-serial-r* \\
       --gates analysis/gates/seeds-g3.json --junit gates.xml     # the seeds' G3 gates
 """
 
@@ -23,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "check", help="fail (exit 1) on a TTFT regression, or when a candidate run misses its "
         "acceptance gates against a baseline run", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="run directory (the candidate, with --gates)")
+    parser.add_argument("run", nargs="+", help="run directory; with --gates the candidate's, "
+                        "one per repetition of the study (paired in order with --against)")
     parser.add_argument("--baseline", help="baseline JSON file of the regression gate")
     parser.add_argument("--write-baseline", action="store_true",
                         help="write the baseline from this run instead of checking")
@@ -32,15 +34,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tolerance", type=float, default=0.10,
                         help="with --write-baseline: allowed relative increase (default 0.10)")
     parser.add_argument("--gates", help="acceptance gate file (JSON; e.g. analysis/gates/seeds-g3.json)")
-    parser.add_argument("--against", help="with --gates: the baseline run directory")
+    parser.add_argument("--against", nargs="+",
+                        help="with --gates: the baseline's run directories, one per repetition; "
+                        "a gate passes only when its interval across repetitions clears the "
+                        "bound, and one repetition (spread unknown) passes none")
     parser.add_argument("--junit", help="also write the result as JUnit XML here")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.gates) == bool(args.baseline) or bool(args.gates) != bool(args.against):
-        print("kvscope check: give either --baseline FILE (regression gate) or --gates FILE "
-              "with --against BASELINE_RUN (acceptance gates)", file=sys.stderr)
+    if (bool(args.gates) == bool(args.baseline) or bool(args.gates) != bool(args.against)
+            or (args.baseline and len(args.run) > 1)
+            or (args.gates and len(args.run) != len(args.against))):
+        print("kvscope check: give either RUN --baseline FILE (regression gate) or "
+              "CANDIDATE... --gates FILE --against BASELINE... with as many baseline runs as "
+              "candidate runs (acceptance gates)", file=sys.stderr)
         return 2
     try:
         return _gates(args) if args.gates else _regression(args)
@@ -52,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
 def _regression(args: argparse.Namespace) -> int:
     from kvscope.analysis import gate, outputs
 
-    attribution = outputs.load_attribution(args.run)
+    [run] = args.run
+    attribution = outputs.load_attribution(run)
     if args.write_baseline:
         baseline = gate.baseline_from(attribution, phase=args.phase, stat=args.stat,
                                       tolerance=args.tolerance)
@@ -66,7 +75,7 @@ def _regression(args: argparse.Namespace) -> int:
               f"{r.change:+8.1%}  {r.status}")
     if args.junit:
         files.atomic_write(args.junit,
-                           gate.junit_xml(result, f"kvscope-check {Path(args.run).name}"),
+                           gate.junit_xml(result, f"kvscope-check {Path(run).name}"),
                            files.OUTPUT_FILE_MODE)
     regressed = int((result["status"] != "ok").sum())
     print(f"{regressed} regression(s)" if regressed else "no regression")
@@ -87,15 +96,19 @@ def _gates(args: argparse.Namespace) -> int:
     from kvscope.analysis import acceptance, gate
 
     gates = acceptance.read_gates(args.gates)
-    result = acceptance.check(gates, _load(args.against), _load(args.run))
-    print(f"{gates.get('name', args.gates)}: {args.run} against {args.against}")
+    result = acceptance.check(gates, [(_load(b), _load(c))
+                                      for b, c in zip(args.against, args.run)])
+    print(f"{gates.get('name', args.gates)}: {' '.join(args.run)} against "
+          f"{' '.join(args.against)}")
     for r in result.itertuples():
-        print(f"  {r.status:4}  {r.gate}: {r.value:.4f} (needs {acceptance.bounds(r)}; {r.detail})")
+        print(f"  {r.status:7}  {r.gate}: {r.value:.4f} (needs {acceptance.bounds(r)}; "
+              f"{acceptance.spread_words(r)}; first repetition: {r.detail})")
     if args.junit:
         files.atomic_write(args.junit, gate.junit(
-            f"kvscope-gates {Path(args.run).name}",
+            f"kvscope-gates {Path(args.run[0]).name}",
             [(str(r.gate), acceptance.failure_message(r) if r.status != "pass" else None)
              for r in result.itertuples()]), files.OUTPUT_FILE_MODE)
     failed = int((result["status"] != "pass").sum())
-    print(f"{failed} of {len(result)} gates failed" if failed else f"all {len(result)} gates pass")
+    print(f"{failed} of {len(result)} gates failed or could not tell" if failed
+          else f"all {len(result)} gates pass")
     return 1 if failed else 0

@@ -12,8 +12,10 @@ def test_the_estimate_counts_one_warm_phase_per_chunk_format_and_bf16_support(tm
 
     assert estimate.bf16_native("flags : fpu avx2 avx512f avx512_bf16") is True
     assert estimate.bf16_native("flags : fpu avx2 fma") is False
-    shared = estimate.estimate(study_options.StudyOptions(out=tmp_path), gflops=50.0, native=False)
-    apart = estimate.estimate(study_options.StudyOptions(out=tmp_path, share_warm=False), 50.0, False)
+    once = study_options.StudyOptions(out=tmp_path, repeats=1)
+    shared = estimate.estimate(once, gflops=50.0, native=False)
+    apart = estimate.estimate(study_options.StudyOptions(out=tmp_path, share_warm=False,
+                                                         repeats=1), 50.0, False)
     prefill_s = estimate.prefill_flops(twins.get("qwen2.5-32b"), 1024) / (
         50e9 * estimate.PREFILL_EFFICIENCY)
     assert shared["warm phases"] == pytest.approx(16 * prefill_s)
@@ -24,10 +26,23 @@ def test_the_estimate_counts_one_warm_phase_per_chunk_format_and_bf16_support(tm
     assert apart["server starts"] == pytest.approx(runs * estimate.SERVER_START_S)  # empty dirs
     profiles = len(study_options.StudyOptions(out=tmp_path).profiles)  # each warms apart
     assert apart["warm phases"] == pytest.approx(profiles * 16 * prefill_s)
-    native = estimate.estimate(study_options.StudyOptions(out=tmp_path), gflops=50.0, native=True)
+    native = estimate.estimate(once, gflops=50.0, native=True)
     assert native["warm phases"] == pytest.approx(shared["warm phases"] / estimate.BF16_NATIVE_SPEEDUP)
-    said = estimate.words(study_options.StudyOptions(out=tmp_path), 50.0, False, load=0.0, cpus=2)
+    said = estimate.words(once, 50.0, False, load=0.0, cpus=2)
     assert said.startswith("estimate: ") and "1 warm phase;" in said and "not native" in said
+
+
+def test_each_repetition_starts_every_server_again_and_stock_warms_again(tmp_path):
+    """Later repetitions read the first one's stored chunks, but stock keeps its index in its
+    server's memory: it warms once per repetition; every kvscope run tunes at its start."""
+    once = estimate.estimate(study_options.StudyOptions(out=tmp_path, repeats=1), 50.0, False)
+    thrice = estimate.estimate(study_options.StudyOptions(out=tmp_path, repeats=3), 50.0, False)
+    assert thrice["warm phases"] == pytest.approx(3 * once["warm phases"])
+    for part in ("server starts", "cold phases", "ceilings and analysis"):
+        assert thrice[part] == pytest.approx(3 * once[part]), part
+    said = estimate.words(study_options.StudyOptions(out=tmp_path), 50.0, False, 0.0, 2)
+    runs = 3 * len(study_options.StudyOptions(out=tmp_path).profiles)
+    assert f"; {runs} runs, 3 warm phases;" in said
 
 
 def test_other_work_stretches_the_estimate_by_its_share_of_the_cores(tmp_path):

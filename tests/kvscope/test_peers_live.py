@@ -24,10 +24,10 @@ def test_live_tiny_peers_are_traced_joined_and_attributed(tmp_path, free_port):
     requests, chunks_per_prompt = 4, 2  # 600-token prompts: two full 256-token chunks each
     opts = StudyOptions(out=tmp_path / "study", model="tiny", profiles=list(profiles.PEERS),
                         requests=requests, concurrency=[2], prompt_tokens=600, port=free_port,
-                        kv_dir_base=tmp_path / "kv")
+                        kv_dir_base=tmp_path / "kv", repeats=1)
     steps = study.plan(opts)
     assert [s.phases for s in steps] == [["warm", "cold"], ["cold"], ["warm", "cold"]]
-    runs = study.run_study(opts)
+    [runs] = study.run_study(opts)
     chunk_bytes = rundir.read_manifest(runs["fs"])["model"]["kv_bytes_per_chunk"]
     assert rundir.read_manifest(runs["raw-block-io_uring"])["study"]["warm_phase_from"] == (
         "raw-block-posix")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 
 import pytest
 
 from kvscope.contract.env import ENV_FP32_GEMM
-from kvscope.analysis import (outputs, study_peers, study_report, study_tables, study_targets,
-                              study_verdict)
+from kvscope.analysis import (outputs, replicates, study_peers, study_repeats, study_report,
+                              study_tables, study_targets, study_verdict)
 from kvscope.testkit import synthetic
 from kvscope import study, study_options
 from kvscope.contract import ceiling, rundir, study_roles
@@ -26,9 +27,16 @@ def describe(run) -> None:
 
 
 def study_md(study_dir, runs, table) -> str:
-    """study.md as `kvscope demo` writes it: each profile's warm group from the study."""
+    """study.md as `kvscope demo` writes it, of one repetition: each profile's warm group from
+    the study."""
     groups = {profile: study.warm_group(profile) for profile in runs}
-    return study_report.write_report(study_dir, runs, table, groups).read_text()
+    summary = study_repeats.replicated([runs])
+    return study_report.write_report(study_dir, [runs], table, summary, groups).read_text()
+
+
+def made(steps, runs, after=None) -> list:
+    """What run_study hands to record: each step with its run and the ceiling measured after."""
+    return [(s, runs[s.profile], (after or {}).get(s.profile)) for s in steps]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +70,13 @@ def test_verdict_and_report_name_the_limit(runs, tmp_path):
     lines = study_verdict.verdict(table)
     assert len(lines) == 1 and lines[0].startswith("c=")
     report = study_md(tmp_path, runs, table)
-    assert "## Headline" in report and "## Serial vs parallel" in report
-    assert lines[0] in report
+    assert "## Headline" in report and "## Every ratio, across repetitions" in report
+    assert "One repetition of each profile" in report
+    [said] = study_verdict.verdict(table, runs, study_repeats.replicated([runs]))
+    assert "x (unknown spread: one repetition), throughput" in said
+    assert said.startswith(lines[0].split(";")[0]) and said in report
+    [thrice] = study_verdict.verdict(table, runs, study_repeats.replicated([runs] * 3))
+    assert "across 3 repetitions), throughput" in thrice
 
 
 def _ceiling(rate: float, when: str = "before the first cold phase") -> dict:
@@ -87,8 +100,8 @@ def three_runs(tmp_path):
 
 def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_runs, tmp_path):
     after = {"stock": ceiling.best_of([_ceiling(4.5e9, "after the last cold phase")])}
-    steps = study.plan(study_options.StudyOptions(out=tmp_path, profiles=list(three_runs)))
-    body = study.record(tmp_path, three_runs, steps, after)
+    opts = study_options.StudyOptions(out=tmp_path, profiles=list(three_runs), repeats=1)
+    body = study.record(opts, made(study.plan(opts), three_runs, after))
     best = body["device_ceilings"]["vda"]
     assert best["bytes_per_s"] == 4.5e9 and best["when"] == "after the last cold phase"
     assert sorted(s["bytes_per_s"] for s in best["samples"]) == [3.21e9, 4.14e9, 4.44e9, 4.5e9]
@@ -106,10 +119,11 @@ def test_a_study_has_one_ceiling_per_disk_the_best_of_every_measurement(three_ru
 
 def test_the_disk_read_with_every_cpu_busy_scales_the_ceiling_into_a_second_bar(three_runs,
                                                                                  tmp_path):
-    steps = study.plan(study_options.StudyOptions(out=tmp_path, profiles=list(three_runs)))
+    opts = study_options.StudyOptions(out=tmp_path, profiles=list(three_runs), repeats=1)
+    steps = study.plan(opts)
     busy = {"unit": 4 << 20, "depth": 32, "busy_cpus": 2, "idle_bytes_per_s": 4e9,
             "busy_bytes_per_s": 2e9, "ratio": 0.5, "idle_samples": [4e9], "busy_samples": [2e9]}
-    body = study.record(tmp_path, three_runs, steps, {}, busy)
+    body = study.record(opts, made(steps, three_runs), busy)
     assert body["device_busy_ratios"] == {"vda": busy}
     for run in three_runs.values():
         assert rundir.read_manifest(run)["study"]["device_busy_ratio"] == busy
@@ -118,13 +132,13 @@ def test_the_disk_read_with_every_cpu_busy_scales_the_ceiling_into_a_second_bar(
     expected = (table["read_GBps"] / (table["ceiling_GBps"] * 0.5)).clip(upper=1.0)
     assert table["read_vs_busy_ceiling"].to_numpy() == pytest.approx(expected.to_numpy())
     assert (table["read_vs_busy_ceiling"] > table["read_vs_ceiling"]).all()
-    study.record(tmp_path, three_runs, steps, {})  # no busy measurement: no second bar
+    study.record(opts, made(steps, three_runs))  # no busy measurement: no second bar
     assert study_tables.headline(three_runs)["read_vs_busy_ceiling"].isna().all()
 
 
 def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(three_runs, tmp_path):
-    steps = study.plan(study_options.StudyOptions(out=tmp_path, profiles=list(three_runs)))
-    study.record(tmp_path, three_runs, steps, {})
+    opts = study_options.StudyOptions(out=tmp_path, profiles=list(three_runs), repeats=1)
+    study.record(opts, made(study.plan(opts), three_runs))
     for run in three_runs.values():
         rundir.update_manifest(run, "study", {
             **rundir.read_manifest(run)["study"], "device_ceiling": _ceiling(1e6)})
@@ -141,7 +155,7 @@ def test_a_phase_faster_than_the_ceiling_says_under_measured_never_above_100(thr
 
 
 def test_the_stock_run_warms_for_the_whole_study(tmp_path):
-    opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv")
+    opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv", repeats=1)
     steps = study.plan(opts)
     assert [s.profile for s in steps] == ["stock", study_roles.BASELINE, study_roles.CLASSIC,
                                           study_roles.CANDIDATE, "raw-block-posix",
@@ -163,14 +177,15 @@ def test_the_stock_run_warms_for_the_whole_study(tmp_path):
     assert study.warm_group("stock") is None
     assert (study.warm_group(study_roles.BASELINE) == study.warm_group(study_roles.CLASSIC)
             == study.warm_group(study_roles.CANDIDATE) is not None)
-    apart = study.plan(study_options.StudyOptions(out=tmp_path / "s", share_warm=False))
+    apart = study.plan(study_options.StudyOptions(out=tmp_path / "s", share_warm=False,
+                                                  repeats=1))
     assert all(s.phases == ["warm", "cold"] and s.copy_dir is None for s in apart)
     assert [s.profile for s in apart] == opts.profiles
 
 
 def test_without_a_stock_profile_the_first_of_a_chunk_format_warms(tmp_path):
     opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv",
-                              profiles=[study_roles.BASELINE, study_roles.CANDIDATE])
+                              profiles=[study_roles.BASELINE, study_roles.CANDIDATE], repeats=1)
     serial, parallel = study.plan(opts)
     assert serial.phases == ["warm", "cold"] and serial.copy_dir is None
     assert parallel.phases == ["cold"] and parallel.warm_from == study_roles.BASELINE
@@ -199,11 +214,12 @@ def test_headline_throughput_columns_are_the_phase_rates(runs):
         assert table.loc[profile, "req_per_s"] == pytest.approx(len(ok) / wall_s, rel=1e-12)
         assert table.loc[profile, "out_tok_per_s"] == pytest.approx(
             ok["output_tokens"].clip(lower=0).sum() / wall_s, rel=1e-12)
-    rates = study_tables.throughput_comparisons(runs).set_index("metric")
+    rates = study_repeats.ratio_rows(runs, rep=1).set_index("metric")
     r = rates.loc["requests_per_s"]
     assert r["ratio"] == pytest.approx(table.loc[study_roles.CANDIDATE, "req_per_s"]
                                        / table.loc[study_roles.BASELINE, "req_per_s"])
     assert table.loc[study_roles.CANDIDATE, "throughput_vs_serial"] == pytest.approx(r["ratio"])
+    assert r["run_lo"] <= r["ratio"] <= r["run_hi"]
 
 
 @pytest.mark.live
@@ -219,8 +235,8 @@ def test_live_tiny_study_shares_one_warm_phase_and_still_reads_every_chunk_cold(
     opts = study_options.StudyOptions(out=tmp_path / "study", model="tiny",
                               profiles=[study_roles.BASELINE, "stock"], requests=requests,
                               concurrency=[2], prompt_tokens=prompt_tokens, port=free_port,
-                              kv_dir_base=tmp_path / "kv")
-    runs = study.run_study(opts)
+                              kv_dir_base=tmp_path / "kv", repeats=1)
+    [runs] = study.run_study(opts)
     assert list(runs) == [study_roles.BASELINE, "stock"]  # the order asked for, not the run order
     from kvscope.patched_backend.vllm_cpu import fp32_gemm
 
@@ -286,18 +302,22 @@ def test_peer_formats_are_written_by_tiers_after_stocks_own(tmp_path):
     assert study.warm_group("raw-block-posix") == study.warm_group("raw-block-io_uring")
 
 
-def test_peer_verdicts_follow_the_ci_and_name_what_to_shrink(runs):
-    compared = study_peers.peer_comparisons(runs)
-    assert list(compared["profile"]) == [study_roles.BASELINE]  # every other run vs kvscope
-    row = compared.iloc[0]
+def test_peer_verdicts_follow_the_rule_across_repetitions_and_name_what_to_shrink(runs):
+    """One repetition: no standing claimed. The same pair of runs three times: no spread, so
+    the interval is the ratio itself and the standing is its side of 1."""
     table = study_tables.headline(runs)
+    once = study_repeats.replicated([runs])
+    [line] = study_peers.peer_verdicts(table, once)
+    assert "kvscope of unknown standing (one repetition" in line and "to pass it" not in line
+    thrice = study_repeats.replicated([runs, runs, runs])
+    row = thrice.set_index(["against", "metric"]).loc[(study_roles.BASELINE, "ttft")]
     p50 = table.set_index("profile")["ttft_p50_s"]
-    assert row["ttft_ratio"] == pytest.approx(p50[study_roles.BASELINE]
-                                              / p50[study_roles.CANDIDATE], rel=1e-6)
-    assert row["ttft_lo"] <= row["ttft_ratio"] <= row["ttft_hi"]
-    [line] = study_peers.peer_verdicts(table, compared)
-    standing = ("ahead" if row["ttft_lo"] > 1 else "behind" if row["ttft_hi"] < 1 else "level")
-    assert f"kvscope {standing}" in line
+    assert row["ratio"] == pytest.approx(p50[study_roles.BASELINE] / p50[study_roles.CANDIDATE],
+                                         rel=1e-6)
+    assert row["reps"] == 3 and row["rep_lo"] == pytest.approx(row["rep_hi"])
+    [line] = study_peers.peer_verdicts(table, thrice)
+    standing = "ahead" if row["ratio"] > 1 else "behind"
+    assert f"kvscope {standing}" in line and "across 3 repetitions" in line
     assert ("to pass it" in line) == (standing == "behind")
     assert study_tables.bound(table.iloc[0]) in line
 
@@ -360,3 +380,115 @@ def test_a_stray_read_of_another_thread_does_not_stretch_the_read_span(tmp_path)
     row = study_tables.headline({study_roles.CANDIDATE: run}).iloc[0]
     assert row["disk_busy_share"] == pytest.approx(own["busy_s"] / own["read_span_s"])
     assert row["read_GBps"] == pytest.approx(own["busy_bytes_per_s"] / 1e9)
+
+
+def _positions(blocks: list[list[str]]) -> dict[str, float]:
+    """Each profile's mean position within its blocks."""
+    return {p: sum(block.index(p) for block in blocks) / len(blocks) for p in blocks[0]}
+
+
+def test_abba_blocks_run_every_profile_once_each_and_balance_their_positions():
+    first = ["stock", "kvscope-serial", "kvscope"]
+    blocks = study.block_orders(first, 4, "abba", random.Random(0))
+    assert blocks == [first, first[::-1], first, first[::-1]]
+    assert all(sorted(block) == sorted(first) for block in blocks)
+    assert set(_positions(blocks).values()) == {1.0}  # an even count: every mean in the middle
+    assert study.block_orders(first, 1, "abba", random.Random(0)) == [first]
+
+
+def test_random_blocks_are_permutations_drawn_from_the_seed():
+    first = ["stock", "kvscope-serial", "kvscope", "fs", "raw-block-posix"]
+    blocks = study.block_orders(first, 6, "random", random.Random(7))
+    assert blocks[0] == first and all(sorted(b) == sorted(first) for b in blocks)
+    assert blocks == study.block_orders(first, 6, "random", random.Random(7))
+    assert blocks != study.block_orders(first, 6, "random", random.Random(8))
+    with pytest.raises(ValueError, match="order must be one of"):
+        study.block_orders(first, 2, "latin", random.Random(0))
+    with pytest.raises(ValueError, match="repeats at least 1"):
+        study.block_orders(first, 0, "abba", random.Random(0))
+
+
+@pytest.mark.parametrize("order", ["abba", "random"])
+def test_repetitions_reread_the_first_blocks_chunks_and_stock_warms_each_time(tmp_path, order):
+    opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv",
+                                      repeats=3, order=order, seed=3)
+    steps = study.plan(opts)
+    first = study.plan(study_options.StudyOptions(
+        out=tmp_path / "s", kv_dir_base=tmp_path / "kv", repeats=1, order=order, seed=3))
+    assert steps[:len(first)] == first and steps[0].profile == "stock"
+    assert len(steps) == 3 * len(opts.profiles)
+    for profile in opts.profiles:
+        assert [s.rep for s in steps if s.profile == profile] == [1, 2, 3]
+    reads = {s.profile: s for s in first}
+    for step in steps[len(first):]:
+        if step.profile == "stock":  # its index lives in memory: a new warm phase, own dir
+            assert step.phases == ["warm", "cold"] and step.warm_from is None
+            assert step.kv_dir == tmp_path / "kv" / f"kv-stock-r{step.rep}"
+        else:  # the same stored files, cold only
+            assert step.phases == ["cold"] and step.kv_dir == reads[step.profile].kv_dir
+            assert step.warm_from == "stock"
+        assert step.copy_dir is None and not step.peer_copies
+    assert len({s.name for s in steps}) == len(steps)
+    if order == "random":
+        assert steps == study.plan(opts)  # the seed fixes it
+
+
+def test_without_stock_the_profile_that_stored_the_chunks_rereads_them(tmp_path):
+    opts = study_options.StudyOptions(out=tmp_path / "s", kv_dir_base=tmp_path / "kv",
+                                      profiles=[study_roles.BASELINE, study_roles.CANDIDATE],
+                                      repeats=2)
+    serial, parallel, parallel2, serial2 = study.plan(opts)  # A B, then B A
+    assert serial.phases == ["warm", "cold"] and (parallel2.rep, serial2.rep) == (2, 2)
+    assert serial2.phases == parallel2.phases == ["cold"]
+    assert serial2.kv_dir == parallel2.kv_dir == serial.kv_dir
+    assert serial2.warm_from == study_roles.BASELINE
+
+
+def test_the_order_each_run_ran_in_is_recorded(three_runs, tmp_path):
+    opts = study_options.StudyOptions(out=tmp_path, profiles=list(three_runs), repeats=2,
+                                      order="random", seed=11)
+    steps = study.plan(opts)
+    runs = {(s.profile, s.rep): three_runs[s.profile] for s in steps}
+    body = study.record(opts, [(s, runs[(s.profile, s.rep)], None) for s in steps])
+    written = json.loads((tmp_path / "study.json").read_text())
+    assert written == json.loads(json.dumps(body))
+    assert (written["repetitions"], written["order"], written["seed"]) == (2, "random", 11)
+    assert [(r["profile"], r["repetition"]) for r in written["run_order"]] == [
+        (s.profile, s.rep) for s in steps]
+    assert [list(r) for r in written["runs"]] == [list(three_runs)] * 2  # the order asked for
+    last = steps[-1]
+    section = rundir.read_manifest(three_runs[last.profile])["study"]
+    assert (section["repetition"], section["repetitions"], section["position"]) == (
+        2, 2, len(steps) - 1)
+
+
+def test_the_headline_over_repetitions_takes_medians_and_the_ratios_geometric_mean(runs,
+                                                                                  tmp_path):
+    once = study_tables.headline(runs)
+    table = study_repeats.pooled_headline([runs, runs])
+    assert list(table.columns) == [*once.columns, "reps"] and (table["reps"] == 2).all()
+    numeric = once.select_dtypes("number").columns
+    assert table[numeric].to_numpy() == pytest.approx(once[numeric].to_numpy(), nan_ok=True)
+    assert list(table["bound"]) == list(once["bound"])
+    summary = study_repeats.replicated([runs, runs, runs])
+    report = study_report.write_report(tmp_path, [runs] * 3, table, summary,
+                                       {p: study.warm_group(p) for p in runs}).read_text()
+    assert "3 repetitions of each profile" in report
+    assert not (summary["standing"] == replicates.UNKNOWN).any()
+    for line in study_repeats.lines(summary):
+        assert f"- {line}" in report and "across 3 repetitions" in line
+
+
+def test_the_demos_headline_names_no_winner_from_one_repetition(runs, capsys):
+    """What `kvscope demo` prints after the runs: with one repetition every comparison says
+    its spread is unknown; with three (the same runs: no spread) each says where it stands."""
+    from kvscope.commands import demo
+
+    for reps, said in (([runs], "TTFT p50 unknown spread (one repetition: no winner claimed"),
+                       ([runs] * 3, "95 % interval across 3 repetitions")):
+        demo._print_findings(reps, study_repeats.pooled_headline(reps),
+                             study_repeats.replicated(reps))
+        out = capsys.readouterr().out
+        [line] = [x for x in out.splitlines() if x.startswith(f"`{study_roles.CANDIDATE}` against")]
+        assert said in line, line
+    assert ("TTFT p50 faster" in line) or ("TTFT p50 slower" in line)
