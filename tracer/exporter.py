@@ -36,7 +36,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kvscope.contract import jsonfiles, semconv
 from kvscope.contract import span_record as rec
-from kvscope.tracer import config, exporter_link, pipeline
+from kvscope.tracer import config, exporter_link, metrics, pipeline
 from kvscope.tracer.recorder import carried_attributes
 from kvscope.tracer.span_ring import Ring, RingError
 from kvscope.tracer.tail_sampling import TailSampler
@@ -152,6 +152,7 @@ class Exporter:
         spans_dir = config.load().spans_dir
         self.stats = pipeline.StatsFile(spans_dir, EXPORTER_STATS, os.getpid()) \
             if sampler is not None and spans_dir is not None else None
+        self.stages = metrics.stage_metrics(lambda: [])  # /metrics: every process's spans
         self._sampling_written: dict[str, Any] = {}
         self.sources: dict[socket.socket, Source] = {}
         self.done: list[Source] = []
@@ -270,7 +271,11 @@ class Exporter:
     def _route(self, source: Source, record: rec.SpanRecord) -> None:
         if record.kind == rec.MARK_ERRORS:
             source.errors = {str(k): int(v) for k, v in record.attributes.items()}
-        elif self.sampler is not None:
+            return
+        if record.is_span and self.stages is not None:
+            self.stages.observe(record.name, (record.end_ns - record.start_ns) / 1e9,
+                                record.attributes)
+        if self.sampler is not None:
             self.sampler.add((source, record), record)
         elif record.is_span:
             self._export([(source, record)])
@@ -288,6 +293,8 @@ class Exporter:
         if self.sampler is not None:
             self._export(self.sampler.drain())
             self._write_sampling(closed=True)
+        if self.stages is not None:
+            self.stages.shutdown()
         closing = [threading.Thread(target=source.pipeline.shutdown) for source in self.done]
         for thread in closing:
             thread.start()

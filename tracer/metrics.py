@@ -3,9 +3,10 @@
 
 A request's stages end in three processes (queue and lookup in the engine core; load, reads,
 transfer, prefill and store in the worker; server TTFT in the API server), but SREs scrape one
-endpoint: vLLM's `/metrics`, served by the API server. Each traced process counts its ended
-spans (a span processor: nothing on the serving path but a counter update) and shares them, with
-the kvscope disk backend's counters, in whichever of vLLM's two ways /metrics is being served:
+endpoint: vLLM's `/metrics`, served by the API server. The server's exporter process sees every
+process's spans and counts them into the stage histograms (nothing on the serving path); each
+serving process with a kvscope disk backend publishes the backend's counters. Both are shared
+in whichever of vLLM's two ways /metrics is being served:
 
 - prometheus_client's global registry (the default): each process writes a small JSON snapshot
   into a directory the server's processes share, `KVSCOPE_METRICS_DIR` (made afresh by the API
@@ -29,8 +30,9 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
@@ -111,11 +113,17 @@ class StageMetrics(SpanProcessor):
         self.sink = sink
 
     def on_end(self, span: ReadableSpan) -> None:
-        stage = STAGES.get(span.name)
-        if stage is None or span.start_time is None or span.end_time is None:
+        if span.start_time is not None and span.end_time is not None:
+            self.observe(span.name, (span.end_time - span.start_time) / 1e9,
+                         span.attributes or {})
+
+    def observe(self, name: str, seconds: float, attributes: Mapping[str, Any]) -> None:
+        """One span of `name` that lasted `seconds` (the exporter process calls this for every
+        span record, before tail sampling: the histograms count every request)."""
+        stage = STAGES.get(name)
+        if stage is None:
             return
-        attributes = span.attributes or {}
-        self.sink.observe(stage, (span.end_time - span.start_time) / 1e9)
+        self.sink.observe(stage, seconds)
         ttft = attributes.get(semconv.GEN_AI_TTFT)
         if stage == "server_request" and isinstance(ttft, (int, float)):
             self.sink.observe(SERVER_TTFT, float(ttft))
@@ -129,6 +137,30 @@ class StageMetrics(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self.sink.flush()
         return True
+
+
+def publish_backend_counters(backend_stats: BackendStats) -> None:
+    """In a serving process: the kvscope disk backend's counters onto /metrics, checked every
+    WRITE_EVERY_S on a thread of their own (the stage histograms are the exporter process's,
+    tracer/exporter.py)."""
+    if multiprocess_mode():
+        sink: SnapshotFile | MultiprocessFiles = MultiprocessFiles(backend_stats)
+    else:
+        directory = metrics_dir()
+        if directory is None:
+            return
+        sink = SnapshotFile(directory, backend_stats)
+
+    def watch() -> None:
+        last: list[dict[str, Any]] = []
+        while True:
+            time.sleep(WRITE_EVERY_S)
+            now = backend_stats()
+            if now != last:
+                last = now
+                sink.changed()
+
+    threading.Thread(target=watch, name="kvscope-backend-counters", daemon=True).start()
 
 
 class _Publisher:

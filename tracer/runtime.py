@@ -20,7 +20,7 @@ import threading
 from opentelemetry.sdk.trace import sampling
 
 from kvscope.contract.clock import measure_offset
-from kvscope.tracer import config, exporter_link, failsafe, pipeline
+from kvscope.tracer import config, exporter_link, failsafe, metrics, pipeline
 from kvscope.tracer.recorder import Recorder
 
 BUILD = "pipeline.build"  # where a failed build is counted (failsafe.counts())
@@ -56,7 +56,8 @@ def _build(service_name: str, prefix: str) -> "Runtime | None":
         link = exporter_link.Link.join({"service": cfg.service_name or service_name,
                                         "prefix": prefix, "offset_ns": offset})
         runtime = Runtime(Recorder(link.register), offset, cfg.sampler(), link,
-                          tail=getattr(cfg, "tail", None) is not None)
+                          tail=cfg.tail is not None)
+        metrics.publish_backend_counters(pipeline.disk_backend_stats)
     except Exception as e:
         failsafe.count(BUILD, e, fix=BUILD_FIX)
         _stats_of_failed_build(prefix)

@@ -47,7 +47,6 @@ def _start() -> None:
     from kvscope.tracer.instrumentor import KvscopeInstrumentor
 
     cfg = config.load()
-    exporter_link.start_if_first()  # before vLLM starts its other processes, which inherit it
     where = cfg.destinations()
     process = f"pid {os.getpid()} ({multiprocessing.current_process().name})"
     if where:
@@ -59,6 +58,9 @@ def _start() -> None:
                        "above); sampler %s", process, ENV_SPANS_DIR, cfg.sampler_text())
     KvscopeInstrumentor().instrument()
     metrics.start_in_this_process()
+    # before vLLM starts its other processes, which inherit it (after the metrics directory,
+    # which the exporter process inherits too)
+    exporter_link.start_if_first()
 
 
 def _say_to_stderr_unless_configured() -> None:
