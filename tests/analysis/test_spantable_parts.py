@@ -98,7 +98,7 @@ def _truncated(part: Path, span_file: Path) -> None:
 
 
 def _other_schema(part: Path, span_file: Path) -> None:
-    source = pq.read_metadata(part).metadata[spec.META_SOURCE]
+    source = spec.part_source(span_file, span_file.read_bytes())  # current, of another table
     pq.write_table(pa.table({"name": ["x"]}).replace_schema_metadata(
         {spec.META_SOURCE: source}), part)
 
