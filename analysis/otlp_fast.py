@@ -299,16 +299,9 @@ def _pick(seq: Sequence[Any], at: np.ndarray) -> list[Any]:
 def _checked(key: str, value: Any) -> Any:
     """`value` of attribute `key`; _Unsure when a declared key holds another type."""
     declared = semconv.ATTRIBUTE_TYPES.get(key)
-    if declared is not None and value is not None and not _is(value, declared):
+    if declared is not None and value is not None and not declared.holds(value):
         raise _Unsure  # otlp_json converts it (or refuses the document)
     return value
-
-
-def _is(value: Any, declared: semconv.ValueType) -> bool:
-    """`value` already has the declared type (a bool is no int here, as in otlp_json)."""
-    if not declared.array:
-        return type(value) is declared.scalar
-    return type(value) is list and all(type(v) is declared.scalar for v in value)
 
 
 def _value(value: _AnyValue) -> Any:

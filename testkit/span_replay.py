@@ -57,16 +57,22 @@ def _span(span: Any, resource: Resource, scope: InstrumentationScope, copy: int
         instrumentation_scope=scope)
 
 
-def export_again(source: Path, target: Path, copies: int = 1) -> int:
+def export_again(source: Path, target: Path, copies: int = 1,
+                 batch_spans: int | None = None) -> int:
     """Every span file of spans directory `source`, `copies` times, written into `target`
-    through OtlpJsonFileExporter (a file and its part per file and copy, named by the source
-    file, so that they sort as the source files do); the number of spans written."""
+    through OtlpJsonFileExporter, a file and its part per batch: a file's copy each, or
+    batches of `batch_spans` spans of its copies (the SDK's batch processor exports up to 512
+    at once). Files are named by their source file, so that they sort as those do. Returns
+    the number of spans written."""
     written = 0
     for path in sorted(Path(source).glob("*.json")):
         request = otlp_json.loads(files.read_bytes(path, rundir.SPAN_FILE_MAX_BYTES))
         exporter = OtlpJsonFileExporter(target, path.stem)
-        for copy in range(copies):
-            spans = sdk_spans(request, copy)
+        copied = [sdk_spans(request, copy) for copy in range(copies)]
+        if batch_spans is not None:
+            every = [span for spans in copied for span in spans]
+            copied = [every[at:at + batch_spans] for at in range(0, len(every), batch_spans)]
+        for spans in copied:
             exporter.export(spans)
             written += len(spans)
     return written

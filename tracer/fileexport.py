@@ -159,9 +159,15 @@ def _row(span: ReadableSpan, process: tuple[str, int]) -> tuple:
 def _read_back(attributes: Mapping[str, Any]) -> dict[str, Any]:
     """`attributes` as the reader of their json_attributes gets them: plain values, kvscope's
     keys typed by contract.otlp_json.decode_attribute (OtlpJsonError where the reader skips
-    the document for it)."""
-    return {str(key): otlp_json.decode_attribute(str(key), _plain(value))
-            for key, value in attributes.items()}
+    the document for it; a value already of its declared type, as the tracer sets them, is
+    the decoded one)."""
+    out = {}
+    for key, value in attributes.items():
+        name, plain = str(key), _plain(value)
+        declared = semconv.ATTRIBUTE_TYPES.get(name)
+        out[name] = plain if declared is None or declared.holds(plain) else \
+            otlp_json.decode_attribute(name, plain)
+    return out
 
 
 def _plain(value: Any) -> Any:
