@@ -108,7 +108,7 @@ def test_a_parts_rows_are_the_readers_rows_of_its_file_for_every_kind_of_value(t
     {semconv.READ_BYTES: "lots"},  # the reader skips the document: not an integer
     {"big": 1 << 70},  # past OTLP's int64: protobuf refuses the document
     {"text": type("Text", (str,), {})("x")},  # json writes a str subclass's text
-], ids=["undeclared-type", "int-past-int64", "str-subclass"])
+], ids=["kvscope-key-not-its-type", "int-past-int64", "str-subclass"])
 def test_a_batch_the_reader_reads_otherwise_than_its_spans_gets_no_part(tmp_path, attributes):
     _export(tmp_path, [{semconv.REQUEST_ID: "r1", **attributes}])
     path = _span_file(tmp_path)
