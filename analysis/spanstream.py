@@ -1,16 +1,18 @@
 """OTLP JSON span files -> the cleaned span table (contract.spantable), file by file.
 
-Each file is parsed on its own (analysis.otlp_fast, or protobuf for a document it gives back;
-in a worker process per core when the files are big: analysis.parallel) and its rows appended
-to the Parquet output in row groups of ROW_GROUP rows; cleaning (analysis.spanclean) keeps 8
-bytes a span meanwhile. When the spans need no cleaning (every
+Each file is read on its own: from the Parquet part the tracer wrote of it while that is
+current (`part_rows`), else parsed (analysis.otlp_fast, or protobuf for a document it gives
+back; in a worker process per core when the files without parts are big: analysis.parallel),
+and its rows appended to the Parquet output in row groups of ROW_GROUP rows; cleaning
+(analysis.spanclean) keeps 8 bytes a span meanwhile. When the spans need no cleaning (every
 span names its request, no id repeats: what the tracer writes) that output is the table;
 otherwise (some span lacks a request id, or two spans' id hashes agree) it is read back one
 row group at a time and written again without the dropped rows and with the filled request
 ids. The table's metadata (the problems found, the per-request notes, what the caller adds)
 goes into the Parquet file's key-value metadata, written last.
 
-Memory: one span file's document and rows (a few per worker when parsed in parallel), one
+Memory: one span file's document and rows (and its part's bytes, at most PART_MAX_BYTES; a
+few per worker when parsed in parallel), one
 row group (about 200 bytes a span as Arrow columns before compression, 50 MB at ROW_GROUP),
 and 8 bytes a span of hashes (80 MB at 10M spans), plus an argsort of those at the end;
 never the run's table.
