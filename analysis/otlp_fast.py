@@ -2,7 +2,7 @@
 
 It gives the span table's rows (contract.spantable.SCHEMA) of a document, the same as the
 reader that defines the meaning (contract.otlp_json through protobuf, via analysis.otlp and
-analysis.spantable.rows_batch) for the documents it accepts; anything it is not sure of (a
+contract.spantable.rows_batch) for the documents it accepts; anything it is not sure of (a
 field it does not know, snake_case names, bytes values, an id not in hex or all zeros, a number
 written unusually, a kvscope attribute not already of its declared type, an enum name it does
 not know) makes it give the document back (`None`), and the caller reads that document through
@@ -18,7 +18,6 @@ attributes that land in the JSON text column and for arrays of untyped keys.
 from __future__ import annotations
 
 import json
-import math
 import operator
 from typing import Any, Sequence
 
@@ -244,7 +243,7 @@ def gather(values: pa.Array, at: np.ndarray) -> pa.Array:
 def _rest_text(keys: list[str], values: list[_AnyValue], kinds: np.ndarray, owner: np.ndarray,
                rows: np.ndarray, n: int) -> pa.Array:
     """Per span, its attributes at `rows` (those without a typed column) as JSON text of a
-    dict ("" when none), as analysis.spantable.rest_json writes it."""
+    dict ("" when none), as contract.spantable.rest_json writes it."""
     python = _python_values(values, kinds, rows)
     finite = _finite_values(python, kinds[rows])
     owners = owner[rows]
@@ -260,16 +259,6 @@ def _rest_text(keys: list[str], values: list[_AnyValue], kinds: np.ndarray, owne
         if not ok:
             text[at] = json.dumps(rest, default=str)
     return pa.array(text, pa.string())
-
-
-def rest_json(rest: dict[str, Any]) -> str:
-    """The JSON text of attributes without a typed column ("" for none), as the table keeps
-    them: msgspec's, or Python's where a value is NaN or infinite (msgspec writes null)."""
-    if not rest:
-        return ""
-    if finite(rest):
-        return _ENCODER.encode(rest).decode()
-    return json.dumps(rest, default=str)
 
 
 def _python_values(values: list[_AnyValue], kinds: np.ndarray, rows: np.ndarray) -> list[Any]:
@@ -295,7 +284,7 @@ def _finite_values(python: list[Any], kinds: np.ndarray) -> np.ndarray:
     """Per value, whether it holds no NaN or infinity."""
     ok = np.ones(len(python), dtype=bool)
     for i in np.flatnonzero((kinds & (_DOUBLE | _ARRAY | _KVLIST)) != 0).tolist():
-        ok[i] = finite(python[i])
+        ok[i] = spec.finite(python[i])
     return ok
 
 
@@ -310,16 +299,9 @@ def _pick(seq: Sequence[Any], at: np.ndarray) -> list[Any]:
 def _checked(key: str, value: Any) -> Any:
     """`value` of attribute `key`; _Unsure when a declared key holds another type."""
     declared = semconv.ATTRIBUTE_TYPES.get(key)
-    if declared is not None and value is not None and not _is(value, declared):
+    if declared is not None and value is not None and not declared.holds(value):
         raise _Unsure  # otlp_json converts it (or refuses the document)
     return value
-
-
-def _is(value: Any, declared: semconv.ValueType) -> bool:
-    """`value` already has the declared type (a bool is no int here, as in otlp_json)."""
-    if not declared.array:
-        return type(value) is declared.scalar
-    return type(value) is list and all(type(v) is declared.scalar for v in value)
 
 
 def _value(value: _AnyValue) -> Any:
@@ -394,14 +376,3 @@ def _ids(texts: list[str], hex_len: int, required: bool) -> pa.Array:
 
 def _every(mask: pa.Array) -> bool:
     return bool(pc.all(mask, min_count=0).as_py())
-
-
-def finite(value: Any) -> bool:
-    """No float in `value` is NaN or infinite (such values need Python's json, not msgspec's)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list):
-        return all(finite(v) for v in value)
-    if isinstance(value, dict):
-        return all(finite(v) for v in value.values())
-    return True

@@ -1,16 +1,18 @@
 """OTLP JSON span files -> the cleaned span table (contract.spantable), file by file.
 
-Each file is parsed on its own (analysis.otlp_fast, or protobuf for a document it gives back;
-in a worker process per core when the files are big: analysis.parallel) and its rows appended
-to the Parquet output in row groups of ROW_GROUP rows; cleaning (analysis.spanclean) keeps 8
-bytes a span meanwhile. When the spans need no cleaning (every
+Each file is read on its own: from the Parquet part the tracer wrote of it while that is
+current (`part_rows`), else parsed (analysis.otlp_fast, or protobuf for a document it gives
+back; in a worker process per core when the files without parts are big: analysis.parallel),
+and its rows appended to the Parquet output in row groups of ROW_GROUP rows; cleaning
+(analysis.spanclean) keeps 8 bytes a span meanwhile. When the spans need no cleaning (every
 span names its request, no id repeats: what the tracer writes) that output is the table;
 otherwise (some span lacks a request id, or two spans' id hashes agree) it is read back one
 row group at a time and written again without the dropped rows and with the filled request
 ids. The table's metadata (the problems found, the per-request notes, what the caller adds)
 goes into the Parquet file's key-value metadata, written last.
 
-Memory: one span file's document and rows (a few per worker when parsed in parallel), one
+Memory: one span file's document and rows (and its part's bytes, at most PART_MAX_BYTES; a
+few per worker when parsed in parallel), one
 row group (about 200 bytes a span as Arrow columns before compression, 50 MB at ROW_GROUP),
 and 8 bytes a span of hashes (80 MB at 10M spans), plus an argsort of those at the end;
 never the run's table.
@@ -108,26 +110,68 @@ def _workers(span_files: list[Path]) -> int:
     """Processes to parse with: one per core when the files are big enough to repay starting
     them (parsing is most of the conversion's CPU, and each file parses on its own; this
     process hashes and writes meanwhile), else this one."""
-    if sum(f.lstat().st_size for f in span_files) < PARALLEL_BYTES:  # a link is refused
+    unparted = [f for f in span_files if not spec.part_of(f).exists()]  # a part is quick
+    if sum(f.lstat().st_size for f in unparted) < PARALLEL_BYTES:  # a link is refused
         return 1
     return min(parallel.cores(), len(span_files))
 
 
 def file_rows(path: Path, offset_ns: int) -> tuple[pa.RecordBatch, list[str]]:
-    """One span file's rows of the table and its problems: the fast reader's, or protobuf's
-    for a document the fast reader gives back. RunDirError, naming the file and the field, for
-    a file that is not a regular file within rundir.SPAN_FILE_MAX_BYTES or whose values the
-    table cannot hold (`check_values`)."""
+    """One span file's rows of the table and its problems: its part's while current
+    (`part_rows`), else the fast reader's, or protobuf's for a document the fast reader gives
+    back. RunDirError, naming the file and the field, for a file that is not a regular file
+    within rundir.SPAN_FILE_MAX_BYTES or whose values the table cannot hold (`check_values`)."""
     document = rundir.read_file(path, rundir.SPAN_FILE_MAX_BYTES)
-    batch = otlp_fast.batch(document, offset_ns)
+    batch = part_rows(path, document, offset_ns)
     bad: list[str] = []
     if batch is None:
-        rows, bad = otlp.document_rows(path, document, offset_ns)
-        batch = rows_batch(rows)
+        batch, bad = _parsed(path, document, offset_ns)
     problem = check_values(batch)
     if problem:
         raise rundir.RunDirError(f"{path}: {problem}; fix or remove the file")
     return batch, bad
+
+
+def _parsed(path: Path, document: bytes, offset_ns: int) -> tuple[pa.RecordBatch, list[str]]:
+    """The rows and problems of span file `path` (bytes `document`), parsed."""
+    batch = otlp_fast.batch(document, offset_ns)
+    if batch is not None:
+        return batch, []
+    rows, bad = otlp.document_rows(path, document, offset_ns)
+    return spec.rows_batch(rows), bad
+
+
+# A part is smaller than its span file (Parquet of the same rows), whose cap it shares.
+PART_MAX_BYTES = rundir.SPAN_FILE_MAX_BYTES
+_PART_FILLED = [name for name in spec.FILLED if name != "request_id"]  # cleaning fills that
+
+
+def part_rows(path: Path, document: bytes, offset_ns: int) -> pa.RecordBatch | None:
+    """The rows of span file `path` (bytes `document`) from the part the tracer wrote of it
+    (contract.spantable.part_of), times minus `offset_ns`. None, and the file is parsed, when
+    the part is missing; not a regular file of this user (or root) within PART_MAX_BYTES (its
+    rows are taken as the file's unchecked, so only a part of ours is: one planted by another
+    user, a link, a FIFO are never opened); not Parquet of the table's schema; made of another
+    file or of this one as it was (META_SOURCE: name, size, SHA-256); holding a null where a
+    span has a value; or with a time the offset takes past int64 (the parser then says so)."""
+    try:
+        # read whole (Arrow reads a Python file object at half the speed)
+        parquet = pq.ParquetFile(pa.BufferReader(files.read_bytes(spec.part_of(path),
+                                                                  PART_MAX_BYTES)))
+        meta = parquet.metadata.metadata or {}
+        if meta.get(spec.META_SOURCE) != spec.part_source(path, document) or \
+                not parquet.schema_arrow.remove_metadata().equals(spec.SCHEMA):
+            return None
+        rows = parquet.read().replace_schema_metadata(None)
+        if any(rows[name].null_count for name in _PART_FILLED):
+            return None
+        for name in ("start_ns", "end_ns"):
+            rows = rows.set_column(rows.schema.get_field_index(name), name,
+                                   pc.subtract_checked(rows[name], offset_ns))
+    except (OSError, ValueError, pa.ArrowException):  # UnsafePath is a ValueError
+        return None
+    batches = rows.combine_chunks().to_batches()
+    return batches[0] if len(batches) == 1 else None  # the tracer writes no empty part
 
 
 MAX_TTFT_S = 1e9  # a server's TTFT (s) the table takes: its ns fit int64 (analysis.server_requests)
@@ -225,25 +269,3 @@ def _rewrite(target: Target, sizes: list[int], cleaning: spanclean.Cleaning,
 def _encoded(meta: dict[bytes, Any]) -> dict[str, str]:
     """Footer key-value pairs: the keys as given, the values as JSON text."""
     return {k.decode(): json.dumps(v) for k, v in meta.items()}
-
-
-def rows_batch(rows: list[tuple]) -> pa.RecordBatch:
-    """Rows of analysis.otlp (attributes as dicts) as one record batch of the table."""
-    columns: dict[str, list[Any]] = {name: [] for name in ("service", "pid", spec.REST)}
-    typed: dict[str, list[Any]] = {key: [None] * len(rows) for key in spec.TYPED_ATTRIBUTES}
-    for i, row in enumerate(rows):
-        rest = {}
-        for key, value in row[7].items():
-            if key in typed:  # of its declared type: otlp_json made sure
-                typed[key][i] = value
-            else:
-                rest[key] = value
-        columns["service"].append(row[8])
-        columns["pid"].append(row[9])
-        columns[spec.REST].append(otlp_fast.rest_json(rest))
-    # the row's values before its attributes, a column each
-    base: list[Any] = list(zip(*rows))[:7] if rows else [[]] * 7
-    arrays: dict[str, Any] = {name: values for (name, _), values in zip(spec.SPAN_FIELDS, base)}
-    arrays.update(columns)
-    arrays.update(typed)
-    return pa.RecordBatch.from_pydict(arrays, schema=spec.SCHEMA)

@@ -1,8 +1,9 @@
 """A run's spans as one columnar table (contract.spantable), made once and read from then on.
 
 Parsing OTLP JSON is most of the cost of loading a run (about 120 us per span through
-protobuf); the table is made once, file by file (analysis.spanstream: the fast reader
-analysis.otlp_fast, protobuf for any document it gives back, request ids filled from the
+protobuf); the table is made once, file by file (analysis.spanstream: the rows the tracer
+wrote as the file's Parquet part while it is current, else the fast reader
+analysis.otlp_fast, protobuf for any document it gives back; request ids filled from the
 trace, repeated span ids dropped) and cached as RUN/spans.parquet with the fingerprint of the
 span files and clock it came from. Analysis reads only the columns it needs from it, typed,
 with no per-span Python objects; `frame` gives the classic frame with an attribute dict per

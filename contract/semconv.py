@@ -91,6 +91,13 @@ class ValueType:
     scalar: type
     array: bool = False
 
+    def holds(self, value: object) -> bool:
+        """`value` (a plain value: a list for an array) is of this type already, with no
+        conversion (a bool is no int here, as in contract.otlp_json)."""
+        if not self.array:
+            return type(value) is self.scalar
+        return type(value) is list and all(type(v) is self.scalar for v in value)
+
 
 STRING, INT, DOUBLE, BOOL = ValueType(str), ValueType(int), ValueType(float), ValueType(bool)
 STRING_ARRAY, INT_ARRAY = ValueType(str, array=True), ValueType(int, array=True)

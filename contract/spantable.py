@@ -1,13 +1,21 @@
 """The columnar span table: a run's spans as one Arrow table, stored as RUN/spans.parquet.
 
 Readers turn the OTLP JSON span files into this table once (analysis.spantable) and read the
-table from then on. Its columns are semconv.SPAN_COLUMNS, except that the attribute keys
+table from then on. The tracer also writes each span file's own rows as a Parquet part beside it
+(PARTS_DIR, `part_of`), which readers take instead of parsing the file while it is current. Its columns are semconv.SPAN_COLUMNS, except that the attribute keys
 analysis reads have a typed column each, named by the key (TYPED_ATTRIBUTES); `attributes`
 holds every other attribute of the span as JSON text ("" when none).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
 import pyarrow as pa
 
 from kvscope.contract import semconv
@@ -59,3 +67,70 @@ ANALYSIS_COLUMNS = tuple(name for name, _ in SPAN_FIELDS if not name.endswith("_
 META_FINGERPRINT = b"kvscope.spans.fingerprint"  # the span files and clock it was made from
 META_PROBLEMS = b"kvscope.spans.problems"  # [str]: what loading the span files found wrong
 META_NOTES = b"kvscope.spans.notes"  # {request_id: [str]}: problems with a request's spans
+
+# A span file's part: its rows of the table (times in epoch ns: the run's clock offset is the
+# reader's to subtract), written by the tracer beside the file as RUN/spans/parts/<stem>.parquet
+# (a folder of its own: the *.json globs of spans/ and `kvscope import` of the folder never meet
+# it). META_SOURCE says which span file it is of; a part is read only while it says so of the
+# file as it is now (name, size and SHA-256 of its bytes).
+PARTS_DIR = "parts"
+META_SOURCE = b"kvscope.part.source"
+_ENCODER = msgspec.json.Encoder()
+
+
+def part_of(span_file: Path) -> Path:
+    """Where the part of `span_file` (SPANS_DIR/NAME.json) is: SPANS_DIR/parts/NAME.parquet."""
+    return span_file.parent / PARTS_DIR / f"{span_file.stem}.parquet"
+
+
+def part_source(span_file: Path, document: bytes) -> bytes:
+    """META_SOURCE of the part of `span_file` whose bytes are `document`: the value a part
+    holds while it is current."""
+    return json.dumps({"file": span_file.name, "bytes": len(document),
+                       "sha256": hashlib.sha256(document).hexdigest()}).encode()
+
+
+def rest_json(rest: dict[str, Any]) -> str:
+    """The JSON text of attributes without a typed column ("" for none), as the table keeps
+    them: msgspec's, or Python's where a value is NaN or infinite (msgspec writes null)."""
+    if not rest:
+        return ""
+    if finite(rest):
+        return _ENCODER.encode(rest).decode()
+    return json.dumps(rest, default=str)
+
+
+def rows_batch(rows: list[tuple]) -> pa.RecordBatch:
+    """Span rows as one record batch of the table. A row holds semconv.SPAN_COLUMNS' values in
+    their order, the attributes as a dict of plain values with kvscope's keys of their declared
+    types (contract.otlp_json): what analysis.otlp reads from a span file, and what the tracer
+    makes of its spans for a part."""
+    columns: dict[str, list[Any]] = {name: [] for name in ("service", "pid", REST)}
+    typed: dict[str, list[Any]] = {key: [None] * len(rows) for key in TYPED_ATTRIBUTES}
+    for i, row in enumerate(rows):
+        rest = {}
+        for key, value in row[7].items():
+            if key in typed:  # of its declared type: otlp_json made sure
+                typed[key][i] = value
+            else:
+                rest[key] = value
+        columns["service"].append(row[8])
+        columns["pid"].append(row[9])
+        columns[REST].append(rest_json(rest))
+    # the row's values before its attributes, a column each
+    base: list[Any] = list(zip(*rows))[:7] if rows else [[]] * 7
+    arrays: dict[str, Any] = {name: values for (name, _), values in zip(SPAN_FIELDS, base)}
+    arrays.update(columns)
+    arrays.update(typed)
+    return pa.RecordBatch.from_pydict(arrays, schema=SCHEMA)
+
+
+def finite(value: Any) -> bool:
+    """No float in `value` is NaN or infinite (such values need Python's json, not msgspec's)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(finite(v) for v in value.values())
+    return True

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kvscope.contract import files, host, jsonfiles, manifest, rundir
+from kvscope.contract import files, host, jsonfiles, manifest, rundir, spantable
 from kvscope.contract.clock import measure_offset
 from kvscope.capture.record import bounded_http
 from kvscope.capture.record.otlp_receiver import OtlpListener
@@ -221,8 +221,8 @@ def _copy_span_files(server: ServingProcesses, source: Path, target: Path, since
     copier = _Copier(server.uid, recording)
     for path in sorted(source.glob("*.json")):
         try:
-            if os.lstat(path).st_mtime >= since_wall:
-                copier.copy(path, target / path.name)
+            if os.lstat(path).st_mtime >= since_wall and copier.copy(path, target / path.name):
+                _copy_part(path, target / path.name, server.uid)
         except FileNotFoundError:
             continue  # replaced while we looked
     stats = source / STATS_DIR
@@ -231,6 +231,20 @@ def _copy_span_files(server: ServingProcesses, source: Path, target: Path, since
         for path in sorted(stats.glob("*.json")):
             copier.copy(path, target / STATS_DIR / path.name)
     copier.note()
+
+
+def _copy_part(span_file: Path, copied: Path, owner: int) -> None:
+    """The tracer's part of `span_file` (contract.spantable.part_of) beside its copy `copied`,
+    when it is a regular file of the server's user within the span file cap: the run then
+    loads without parsing that file. A part not copied costs only that parsing, so it is no
+    missing data and no line; the part's own record of its file tells a reader whether it is
+    current (analysis.spanstream.part_rows)."""
+    try:
+        data = files.read_bytes(spantable.part_of(span_file), MAX_SPAN_FILE_BYTES, {owner})
+    except (OSError, ValueError):  # none, or UnsafePath: a link, a FIFO, not the server's
+        return
+    files.private_dir(spantable.part_of(copied).parent)
+    files.atomic_write(spantable.part_of(copied), data)
 
 
 class _Copier:
@@ -242,23 +256,25 @@ class _Copier:
         self.refused: list[str] = []
         self.capped = ""
 
-    def copy(self, source: Path, target: Path) -> None:
+    def copy(self, source: Path, target: Path) -> bool:
+        """Whether `source` was copied to `target`."""
         if self.capped:
-            return
+            return False
         if self.files >= MAX_SPAN_FILES or self.bytes >= MAX_SPAN_BYTES:
             self.capped = (f"spans: copying stopped at {self.files} files, {self.bytes} bytes "
                            f"(caps {MAX_SPAN_FILES} files, {MAX_SPAN_BYTES} bytes)")
-            return
+            return False
         try:
             data = files.read_bytes(source, MAX_SPAN_FILE_BYTES, {self.owner})
         except FileNotFoundError:
-            return
+            return False
         except (OSError, ValueError) as e:  # UnsafePath: a link, a FIFO, not the server's
             self.refused.append(str(e))
-            return
+            return False
         files.atomic_write(target, data)
         self.files += 1
         self.bytes += len(data)
+        return True
 
     def note(self) -> None:
         if self.refused:

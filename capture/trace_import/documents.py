@@ -22,12 +22,14 @@ from typing import Any, Iterator
 
 from kvscope.capture.trace_import import jaeger
 from kvscope.contract import files, otlp_json
+from kvscope.contract.spantable import PARTS_DIR
 from kvscope.tracer.config import STATS_DIR
 
 # One file or answer: the Collector's file exporter rotates at 100 MB by default, and parsed
 # JSON takes about ten times its text in memory.
 MAX_DOCUMENT_BYTES = 256 << 20
 
+_TRACER_DIRS = frozenset({STATS_DIR, PARTS_DIR})  # what a tracer keeps beside its span files
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 EXPECTED = ("OTLP JSON, OTLP JSON lines (the Collector's file exporter), Jaeger JSON (UI "
             "download or /api/traces) or a Jaeger /api/v3/traces answer")
@@ -44,9 +46,10 @@ class TraceImportError(ValueError):
 
 def read(path: Path) -> list[otlp_json.Request]:
     """Every trace document in `path` (a file, or a directory of them, a tracer's spans
-    directory included: its `stats/` counters are no traces) as OTLP messages."""
+    directory included: its `stats/` counters and `parts/` tables are no traces) as OTLP
+    messages."""
     files = sorted(p for p in path.rglob("*") if p.is_file()
-                   and STATS_DIR not in p.relative_to(path).parts[:-1]) \
+                   and not _TRACER_DIRS.intersection(p.relative_to(path).parts[:-1])) \
         if path.is_dir() else [path]
     if not files:
         raise TraceImportError(f"{path}: no files in it; expected {EXPECTED}")

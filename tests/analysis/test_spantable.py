@@ -51,7 +51,7 @@ def test_fast_reader_gives_protobufs_rows_with_the_same_types(ledger_run):
         assert fast is not None and problems == []
         # typed columns compare with their types; the JSON text of the other attributes
         # tells 1 from 1.0 and True
-        assert fast.equals(spanstream.rows_batch(slow)), path.name
+        assert fast.equals(spec.rows_batch(slow)), path.name
 
 
 @pytest.mark.parametrize("document", [

@@ -321,9 +321,11 @@ def test_link_ids_are_converted_like_span_ids(otlp_dir, tmp_path, capsys):
 
 
 def test_a_tracers_spans_directory_imports_as_it_is(tmp_path, capsys):
-    """KVSCOPE_SPANS_DIR holds the span files and the tracer's stats/ counters beside them."""
+    """KVSCOPE_SPANS_DIR holds the span files and, beside them, the tracer's stats/ counters
+    and parts/ tables."""
     spans_dir = tmp_path / "spans"
     _write_sdk_spans(spans_dir)
+    assert list((spans_dir / "parts").glob("*.parquet")), "the exporter writes parts"
     (spans_dir / "stats").mkdir(mode=0o700)
     (spans_dir / "stats" / "vllm-4242.json").write_text('{"spans_ended": 20, "exporters": []}')
     _import_and_analyze([str(spans_dir)], tmp_path / "run", capsys)

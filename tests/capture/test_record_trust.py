@@ -24,11 +24,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from kvscope.analysis import spanstream
 from kvscope.capture.record import otlp_receiver, recording
 from kvscope.capture.record.server_processes import ServingProcesses
 from kvscope.cli import main
-from kvscope.contract import rundir
+from kvscope.contract import otlp_json, rundir, spantable
 from kvscope.contract.env import ENV_BACKEND_STATS_DIR, ENV_SPANS_DIR, ENV_TRACING
+from kvscope.testkit import span_replay
+from kvscope.tracer.fileexport import OtlpJsonFileExporter
 
 pytestmark = [pytest.mark.root]
 ROOT = Path(__file__).parents[2]
@@ -133,6 +136,29 @@ def test_from_a_private_directory_only_regular_files_of_the_servers_user(tmp_pat
     assert sorted(p.name for p in (done.run / "spans").glob("*.json")) == ["vllm-1-00000.json"]
     (line,) = [m for m in done.missing if m.startswith("spans:")]
     assert "4 files not copied" in line and "uid 0" in line
+
+
+def test_the_tracers_parts_come_along_when_they_are_the_servers_users(tmp_path):
+    """A part of the server's user is copied beside its span file (the run loads without
+    parsing that file); one of another user stays behind at no cost but that parsing."""
+    spans = tmp_path / "spans"
+    spans.mkdir(mode=0o700)
+    recorded = ROOT / "tests" / "capture" / "data" / "live-tiny-kvscope" / "spans"
+    (first, *_) = sorted(recorded.glob("*.json"))
+    batch = span_replay.sdk_spans(otlp_json.loads(first.read_bytes()))
+
+    def write():
+        exporter = OtlpJsonFileExporter(spans, "vllm")
+        exporter.export(batch[:5])
+        exporter.export(batch[5:])
+        os.chown(spantable.part_of(sorted(spans.glob("*.json"))[1]), 65534, 65534)
+
+    with standin({"/metrics": METRICS, "/v1/models": MODELS}) as url:
+        done = _record(_server({ENV_SPANS_DIR: str(spans)}), url, tmp_path / "run", write)
+    copied = sorted((done.run / "spans").glob("*.json"))
+    assert [spanstream.part_rows(f, f.read_bytes(), 0) is not None for f in copied] == [
+        True, False]
+    assert not [m for m in done.missing if m.startswith("spans:")]
 
 
 def test_copying_stops_at_the_caps_and_says_so(tmp_path, monkeypatch):
