@@ -105,3 +105,17 @@ class RecordedSpans:
             ring.commit(len(records))
             self.spans += [readable_span(r, self.resource, 0) for r in records if r.is_span]
         return list(self.spans)
+
+
+class SdkTracer:
+    """A pipeline as the exporter process builds one (tracer/pipeline.py), fed spans through
+    the OpenTelemetry SDK's own tracer: for tests of the pipeline and the files it writes."""
+
+    def __init__(self, pipe, offset_ns: int) -> None:
+        from kvscope.tracer.version import SCOPE
+
+        self.pipeline, self.offset_ns = pipe, offset_ns
+        self.tracer = pipe.provider.get_tracer(SCOPE)
+
+    def epoch(self, monotonic_ns: int) -> int:
+        return monotonic_ns + self.offset_ns

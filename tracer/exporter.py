@@ -36,7 +36,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kvscope.contract import jsonfiles, semconv
 from kvscope.contract import span_record as rec
-from kvscope.tracer import config, exporter_link, metrics, pipeline
+from kvscope.tracer import config, exporter_link, failsafe, metrics, pipeline
 from kvscope.tracer.recorder import carried_attributes
 from kvscope.tracer.span_ring import Ring, RingError
 from kvscope.tracer.tail_sampling import TailSampler
@@ -49,7 +49,7 @@ POLL_S = 0.05
 READ_LIMIT = 8192  # records per ring per round
 DRAIN_S = 5.0  # a closed process's records wait this long for room in a full exporter queue
 MAX_RINGS = 4096  # per exporter: more descriptors than this are refused
-EXPORTER_STATS = "exporter"  # RUN/spans/stats/exporter-<pid>.json: the tail sampler's counts
+EXPORTER_STATS = "exporter"  # RUN/spans/stats/exporter-<pid>.json: its errors, sampling counts
 _KINDS = {rec.INTERNAL: trace.SpanKind.INTERNAL, rec.SERVER: trace.SpanKind.SERVER,
           rec.CLIENT: trace.SpanKind.CLIENT}
 _SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
@@ -150,10 +150,10 @@ class Exporter:
         self.listener = listener
         self.starter_pid = starter_pid
         spans_dir = config.load().spans_dir
-        self.stats = pipeline.StatsFile(spans_dir, EXPORTER_STATS, os.getpid()) \
-            if sampler is not None and spans_dir is not None else None
+        self.stats = None if spans_dir is None else \
+            pipeline.StatsFile(spans_dir, EXPORTER_STATS, os.getpid())
         self.stages = metrics.stage_metrics(lambda: [])  # /metrics: every process's spans
-        self._sampling_written: dict[str, Any] = {}
+        self._written: tuple[Any, ...] = ()
         self.sources: dict[socket.socket, Source] = {}
         self.done: list[Source] = []
         self.sampler = sampler
@@ -234,18 +234,19 @@ class Exporter:
             self._read(source, drain=False)
         if self.sampler is not None:
             self._export(self.sampler.end_round(time.monotonic()))
-            self._write_sampling(closed=False)
+        self._write_own_stats(closed=False)
 
-    def _write_sampling(self, closed: bool) -> None:
-        """The tail sampler's counts, in a stats file of this exporter's own (summed with
-        every process's into manifest.tracer.sampling), whenever they change."""
-        assert self.sampler is not None
-        counts = self.sampler.counts()
-        if self.stats is None or (counts == self._sampling_written and not closed):
+    def _write_own_stats(self, closed: bool) -> None:
+        """This process's own errors (a part it could not write, say) and the tail sampler's
+        counts, in a stats file of its own, summed with every serving process's into
+        manifest.tracer, whenever they change."""
+        sampling = {} if self.sampler is None else {"sampling": self.sampler.counts()}
+        state = (sampling, failsafe.version(), closed)
+        if self.stats is None or state == self._written:
             return
-        self._sampling_written = counts
+        self._written = state
         self.stats.write({"role": EXPORTER_STATS, "exporters": [], "spans_ended": 0,
-                          "sampling": counts, "closed": closed}, {})
+                          **sampling, "closed": closed}, failsafe.counts())
 
     def _read(self, source: Source, drain: bool) -> None:
         """Take what `source`'s rings hold, as much as its exporters' queues have room for
@@ -292,7 +293,6 @@ class Exporter:
             self._close(source)
         if self.sampler is not None:
             self._export(self.sampler.drain())
-            self._write_sampling(closed=True)
         if self.stages is not None:
             self.stages.shutdown()
         closing = [threading.Thread(target=source.pipeline.shutdown) for source in self.done]
@@ -300,6 +300,7 @@ class Exporter:
             thread.start()
         for thread in closing:
             thread.join()
+        self._write_own_stats(closed=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,9 +79,7 @@ def summarize_stats(spans_dir: Path, final: bool = False) -> dict[str, Any]:
     for stats in every:
         if "sampling" in stats:
             _add_sampling(total.setdefault("sampling", {}), stats["sampling"])
-        if "role" in stats:  # the exporter process's own file: no spans of its own
-            continue
-        total["processes"] += 1
+        total["processes"] += "role" not in stats  # an exporter process's own: no spans of its own
         total["exporters"] = sorted(set(total["exporters"]) | set(stats.get("exporters", ())))
         total["spans_ended"] += int(stats.get("spans_ended", 0))
         for name, counts in stats.get("by_exporter", {}).items():

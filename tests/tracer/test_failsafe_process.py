@@ -126,7 +126,7 @@ def test_a_forked_child_exports_its_last_spans_before_it_exits(ending, tmp_path,
     parent.join(120)
     assert parent.exitcode == 0  # SystemExit() in the child is a clean exit
     assert len(receiver.spans()) == 25, "every span reached the collector"
-    (stats_path,) = (tmp_path / pipeline.STATS_DIR).iterdir()
+    (stats_path,) = (tmp_path / pipeline.STATS_DIR).glob("vllm-*.json")
     stats = json.loads(stats_path.read_text())
     assert stats["closed"] is True and stats["spans_ended"] == 25
     assert {name: c["exported"] for name, c in stats["by_exporter"].items()} == {

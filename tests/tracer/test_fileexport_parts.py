@@ -19,7 +19,7 @@ from kvscope.contract import spantable as spec
 from kvscope.contract.env import ENV_SPANS_DIR
 from kvscope.tracer import failsafe, pipeline
 from kvscope.tracer.fileexport import PART_ERRORS, OtlpJsonFileExporter
-from kvscope.tracer.runtime import Runtime
+from kvscope.testkit.tracing import SdkTracer
 
 OFFSET = 1_000_000_000
 REMOTE = trace.SpanContext(0x5B8EFFF798038103D269B633813FC60C, 0xEEE19B7EC3C1B174, True,
@@ -61,8 +61,8 @@ def _parsed(path):
 
 
 def test_each_span_file_gets_a_private_part_in_parts_named_after_it(tmp_path):
-    rt = Runtime(pipeline.build("test-service", "test", {ENV_SPANS_DIR: str(tmp_path)}),
-                 offset_ns=OFFSET)
+    rt = SdkTracer(pipeline.build("test-service", "test", {ENV_SPANS_DIR: str(tmp_path)}),
+                   offset_ns=OFFSET)
     for batch in range(2):
         for i in range(3):
             span = rt.tracer.start_span(semconv.SPAN_QUEUE, start_time=rt.epoch(i),

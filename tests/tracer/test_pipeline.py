@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 from kvscope.contract.env import ENV_SPANS_DIR
-from kvscope.testkit.tracing import free_tcp_port, wait_until
+from kvscope.testkit.tracing import SdkTracer, free_tcp_port, wait_until
 
 from kvscope.analysis import otlp
 from kvscope.tracer import config, failsafe, pipeline
@@ -25,25 +25,13 @@ from kvscope.contract import otlp_json, semconv
 from kvscope.tracer.fileexport import OtlpJsonFileExporter, span_file
 from kvscope.tracer.ids import ProcessIdGenerator
 from kvscope.tracer.run import summarize_stats
-from kvscope.tracer.version import SCOPE
 
 
-class _Sdk:
-    """A pipeline as the exporter process builds one, fed spans through the SDK's tracer."""
-
-    def __init__(self, pipe: pipeline.Pipeline, offset_ns: int) -> None:
-        self.pipeline, self.offset_ns = pipe, offset_ns
-        self.tracer = pipe.provider.get_tracer(SCOPE)
-
-    def epoch(self, monotonic_ns: int) -> int:
-        return monotonic_ns + self.offset_ns
+def _runtime(env: dict[str, str]) -> SdkTracer:
+    return SdkTracer(pipeline.build("test-service", "test", env), offset_ns=1_000_000_000)
 
 
-def _runtime(env: dict[str, str]) -> _Sdk:
-    return _Sdk(pipeline.build("test-service", "test", env), offset_ns=1_000_000_000)
-
-
-def _emit(rt: _Sdk, count: int, start_ns: int = 5_000) -> list:
+def _emit(rt: SdkTracer, count: int, start_ns: int = 5_000) -> list:
     spans = []
     for i in range(count):
         span = rt.tracer.start_span(semconv.SPAN_QUEUE, start_time=rt.epoch(start_ns + i),
