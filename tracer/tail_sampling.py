@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from kvscope.contract import semconv
 from kvscope.contract import span_record as rec
-from kvscope.contract.chunk_outcomes import TIER_NONE
+from kvscope.contract import chunk_outcomes
 
 T = TypeVar("T")
 
@@ -106,11 +106,22 @@ class _Trace(Generic[T]):
     armed: bool = False  # its decision is due at the end of this or the next round
 
 
+# Chunk ledger reasons of a chunk that was stored or meant to be (contract.chunk_outcomes): the
+# others (never stored, the partial last chunk, behind a miss, a diverged prefix) are what a new
+# prompt meets
+LOST_REASONS = frozenset(chunk_outcomes.REASONS) - {
+    chunk_outcomes.NEVER_STORED, chunk_outcomes.PARTIAL_CHUNK, chunk_outcomes.BEHIND_MISS,
+    chunk_outcomes.DIVERGED}
+
+
 def _missed_a_chunk(record: rec.SpanRecord) -> bool:
-    """A ledger with a chunk no tier served, or a storage read that refused chunks."""
+    """A ledger with a chunk the cache had been given and did not serve (refused, evicted, a
+    store that failed or had not finished, a load that failed: not the misses of a prompt seen
+    for the first time), or a storage read that refused chunks."""
     if record.name == semconv.SPAN_KV_LEDGER:
-        tiers: Any = record.attributes.get(semconv.LEDGER_TIER, ())
-        return isinstance(tiers, (list, tuple)) and TIER_NONE in tiers
+        reasons: Any = record.attributes.get(semconv.LEDGER_REASON, ())
+        return isinstance(reasons, (list, tuple)) and any(
+            reason in LOST_REASONS for reason in reasons)
     if record.name == semconv.SPAN_STORAGE_READ:
         failed = record.attributes.get(semconv.READ_FAILED_CHUNKS, 0)
         return isinstance(failed, int) and failed > 0

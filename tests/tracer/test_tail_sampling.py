@@ -93,8 +93,16 @@ def test_a_request_that_errors_before_its_first_token_is_kept_as_error():
 
 
 @pytest.mark.parametrize(("name", "attributes", "kept"), [
-    pytest.param(semconv.SPAN_KV_LEDGER, {semconv.LEDGER_TIER: ["disk", "none"]}, True,
-                 id="ledger-miss"),
+    pytest.param(semconv.SPAN_KV_LEDGER, {semconv.LEDGER_TIER: ["disk", "none"],
+                                          semconv.LEDGER_REASON: ["", "evicted_disk"]}, True,
+                 id="ledger-evicted"),
+    pytest.param(semconv.SPAN_KV_LEDGER, {semconv.LEDGER_TIER: ["disk", "none"],
+                                          semconv.LEDGER_REASON: ["", "refused"]}, True,
+                 id="ledger-refused"),
+    pytest.param(semconv.SPAN_KV_LEDGER, {semconv.LEDGER_TIER: ["none", "none"],
+                                          semconv.LEDGER_REASON: ["never_stored",
+                                                                  "behind_miss"]}, False,
+                 id="a-new-prompt"),
     pytest.param(semconv.SPAN_STORAGE_READ, {semconv.READ_FAILED_CHUNKS: 2}, True,
                  id="read-failed"),
     pytest.param(semconv.SPAN_KV_LEDGER, {semconv.LEDGER_TIER: ["cpu", "disk"]}, False,
@@ -156,7 +164,8 @@ def test_a_record_one_round_after_the_mark_still_decides_and_leaves_with_its_tra
     still keeps the fast request, and it is exported with the rest of the trace."""
     sampler: TailSampler[str] = TailSampler(THRESHOLD)
     trace_id = never_head(1)
-    ledger = span(trace_id, semconv.SPAN_KV_LEDGER, attributes={semconv.LEDGER_TIER: ["none"]})
+    ledger = span(trace_id, semconv.SPAN_KV_LEDGER, attributes={
+        semconv.LEDGER_TIER: ["none"], semconv.LEDGER_REASON: ["load_failed"]})
     out = rounds(sampler, [("queue", span(trace_id)), ("mark", mark(trace_id, 5))],
                  [("ledger", ledger)])
     assert out == [[], ["queue", "ledger"]]
