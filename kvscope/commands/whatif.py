@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.run:
         return _fit(args)
+    if args.against or args.phase:
+        print("kvscope whatif: --against and --phase need --run RUN, the run to fit",
+              file=sys.stderr)
+        return 2
     table = whatif.published_table()
     for study, rows in table.groupby("study", sort=False):
         print(f"## {study}")

@@ -164,3 +164,9 @@ def test_whatif_names_a_phase_the_run_lacks_in_one_line(two_runs, capsys):
     assert main(["whatif", "--run", str(two_runs[0]), "--phase", "hot"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no request of phase 'hot'" in err and "cold" in err
+
+
+def test_whatif_against_a_run_without_one_to_fit_is_refused_in_one_line(two_runs, capsys):
+    assert main(["whatif", "--against", str(two_runs[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need --run RUN" in err
