@@ -8,7 +8,7 @@ Same chunk set for every path, page cache dropped before each measurement (needs
                   same files right before or right after each path (alternating)
   stock-serial    LMCache LocalDiskBackend, disk_io_threads=1
   stock           LMCache LocalDiskBackend, defaults (4 threads, buffered)
-  kvscope-serial  ParallelDiskBackend, mode=serial (one chunk at a time, one read per chunk)
+  kvscope-serial  ParallelDiskBackend, mode=serial (one chunk at a time, 128 KiB reads, depth 1)
   kvscope         ParallelDiskBackend, parallel (knobs below)
   kvscope-noverify  the same, checksums off (what verifying costs)
   kvscope-auto    ParallelDiskBackend, knobs measured at start on its files (tune auto);

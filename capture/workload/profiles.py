@@ -102,8 +102,9 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile("stock-serial", "LMCache's stock disk backend with one read thread", _stock(1)),
         Profile("stock", "LMCache's stock disk backend with its defaults", _stock(None)),
-        Profile("kvscope-serial", "kvscope's disk backend, one chunk and one read at a time",
-                _kvscope("serial")),
+        Profile("kvscope-serial", "kvscope's disk backend as the seeds' serial path: chunks "
+                "one at a time, each read as 128 KiB reads, one in flight (depth 1), each "
+                "waited for before the next", _kvscope("serial", read_unit="128KiB")),
         Profile("kvscope", "kvscope's parallel-read disk backend, reads started at the "
                 "scheduler's lookup, read knobs measured at start (tune auto), each chunk "
                 "copied into the KV cache as soon as it is read (docs/backend.md)",

@@ -80,7 +80,7 @@ class ParallelDiskBackend(StoragePluginInterface):
         if self.settings.tune == "auto":
             self.settings = _tuned(self.settings)
         s = self.settings
-        self._engine = IOEngine(s.effective_queue_depth, s.effective_read_unit,
+        self._engine = IOEngine(s.effective_queue_depth, s.read_unit,
                                 s.max_inflight_bytes, s.read_delay_ms, s.odirect)
         self._reads = ReadPath(self.path, s.mode, self._index, self._engine, self._stats,
                                local_cpu_backend, s.verify_checksum)
@@ -108,7 +108,7 @@ class ParallelDiskBackend(StoragePluginInterface):
             prefetch_held_bytes=self._prefetch.held_bytes() if self._prefetch else 0,
             prefetch_pending=self._prefetch.pending() if self._prefetch else 0,
             write_queued_bytes=self._writer.queued_bytes(),
-            read_unit=self.settings.effective_read_unit or 0,
+            read_unit=self.settings.read_unit,
             queue_depth=self.settings.effective_queue_depth,
             max_inflight_bytes=self.settings.max_inflight_bytes, tune=self.settings.tune,
             pipeline_transfer=self.settings.pipeline_transfer,

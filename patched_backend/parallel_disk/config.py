@@ -20,6 +20,10 @@ DELAY_ENV = "KVSCOPE_READ_DELAY_MS"
 
 # Defaults chosen from bench/read_path.py on the project's virtio disk (docs/backend.md).
 DEFAULT_READ_UNIT = 4 << 20
+# Serial mode reads as the seeds' serial path did (LMCache's raw_block at queue depth ~1): one
+# 128 KiB read, waited for, then the next. One large read per chunk would not be serial at the
+# device: the block layer splits it into max_sectors_kb requests that are all in flight at once.
+DEFAULT_SERIAL_READ_UNIT = 128 << 10
 DEFAULT_QUEUE_DEPTH = 32
 DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
 # Read-ahead at lookup (on in parallel mode): memory budget, capped at half of LMCache's CPU pool.
@@ -114,8 +118,9 @@ def _parse_bool(key: str, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class DiskConfig:
-    """Validated knobs. In ``serial`` mode reads go one chunk at a time, one read per chunk,
-    and nothing is read ahead (it is the A/B baseline)."""
+    """Validated knobs. In ``serial`` mode (the A/B baseline) one reader takes the chunks in
+    turn and reads each as consecutive ``read_unit``-byte reads, one in flight at a time, and
+    nothing is read ahead."""
 
     path: str
     capacity: int
@@ -149,8 +154,9 @@ class DiskConfig:
         if self.tune not in TUNE:
             raise ValueError(f"{PREFIX}tune: {self.tune!r} is not one of {', '.join(TUNE)}")
         if self.tune == "auto" and self.mode == "serial":
-            raise ValueError(f"{PREFIX}tune: serial mode reads one chunk at a time, one read "
-                             "per chunk: there is nothing to tune")
+            raise ValueError(f"{PREFIX}tune: serial mode is the fixed baseline (one read of "
+                             f"{PREFIX}read_unit bytes in flight at a time); set {PREFIX}read_unit "
+                             "instead of tuning")
         if self.read_unit <= 0 or self.read_unit % ALIGN:
             raise ValueError(
                 f"{PREFIX}read_unit: {self.read_unit} must be a positive multiple of {ALIGN} "
@@ -166,7 +172,8 @@ class DiskConfig:
                              "lookups, so it reads nothing ahead")
         if self.prefetch_on_lookup and self.mode == "serial":
             raise ValueError(f"{PREFIX}prefetch_on_lookup: reads ahead need {PREFIX}mode "
-                             "'parallel'; serial mode reads one chunk at a time")
+                             "'parallel'; serial mode reads only what a get asks for, one read "
+                             "at a time")
         if self.pipeline_transfer and self.mode == "serial":
             raise ValueError(f"{PREFIX}pipeline_transfer: copying chunks while later ones are "
                              f"read needs {PREFIX}mode 'parallel'")
@@ -175,11 +182,6 @@ class DiskConfig:
     def effective_queue_depth(self) -> int:
         """Reads in flight: ``queue_depth``, or 1 in serial mode."""
         return 1 if self.mode == "serial" else self.queue_depth
-
-    @property
-    def effective_read_unit(self) -> Optional[int]:
-        """Sub-read size in bytes; None means one read per chunk (serial mode)."""
-        return None if self.mode == "serial" else self.read_unit
 
 
 def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: float = 0.0) -> DiskConfig:
@@ -214,12 +216,13 @@ def from_extra_config(extra: Optional[Mapping[str, Any]], fallback_capacity_gb: 
         return parse_number(PREFIX + name, extra.get(PREFIX + name, default), cast)
 
     mode = str(extra.get(PREFIX + "mode", "parallel"))
+    read_unit = DEFAULT_SERIAL_READ_UNIT if mode == "serial" else DEFAULT_READ_UNIT
     write_only = _parse_bool(PREFIX + "write_only", extra.get(PREFIX + "write_only", False))
     return DiskConfig(
         path=str(path),
         capacity=capacity,
         mode=mode,
-        read_unit=size("read_unit", DEFAULT_READ_UNIT),
+        read_unit=size("read_unit", read_unit),
         queue_depth=number("queue_depth", DEFAULT_QUEUE_DEPTH, int),
         max_inflight_bytes=size("max_inflight_bytes", DEFAULT_MAX_INFLIGHT_BYTES),
         verify_checksum=_parse_bool(PREFIX + "verify_checksum", extra.get(PREFIX + "verify_checksum", True)),

@@ -8,6 +8,9 @@ no lock held across a read, so concurrent requests never wait on each other's I/
 device. A chunk is ready (verified, copied if staged) as soon as its last sub-read lands, while
 later chunks are still being read.
 
+With ``queue_depth`` 1 (the backend's serial mode) the one reader takes the FIFO in order: one
+``read_unit`` read in flight, each waited for before the next, the chunks one after another.
+
 Every chunk ends, whatever happens: a reader that hits an unexpected exception fails that chunk
 and keeps serving; reads submitted after ``close()`` fail at once (``closed``); waiting takes a
 timeout (the caller turns what is unfinished into misses, reason ``timeout``).
@@ -166,7 +169,7 @@ class ReadBatch:
 class IOEngine:
     """``queue_depth`` reader threads serving one FIFO of sub-reads, bounded in bytes."""
 
-    def __init__(self, queue_depth: int, read_unit: Optional[int], max_inflight_bytes: int,
+    def __init__(self, queue_depth: int, read_unit: int, max_inflight_bytes: int,
                  read_delay_ms: float = 0.0, odirect: bool = True) -> None:
         self.read_unit = read_unit
         self.odirect = odirect
@@ -198,7 +201,7 @@ class IOEngine:
     def sub_reads_for(self, payload_len: int) -> int:
         """Sub-reads one chunk of ``payload_len`` bytes is split into."""
         total = padded(payload_len)
-        return -(-total // (self.read_unit or total)) if total else 0
+        return -(-total // self.read_unit)
 
     def submit(self, batch: ReadBatch) -> int:
         """Open every chunk and queue all their sub-reads; returns sub-reads in flight before.
@@ -255,7 +258,7 @@ class IOEngine:
         if total == 0:
             os.close(chunk.fd)
             return []
-        unit = self.read_unit or total
+        unit = self.read_unit
         return [(start + off, chunk.dest[off : min(off + unit, total)])
                 for off in range(0, total, unit)]
 

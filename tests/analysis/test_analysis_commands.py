@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,8 @@ def test_whatif_prints_the_published_comparison(capsys):
 
 def test_whatif_fits_a_run(two_runs, capsys):
     assert main(["whatif", "--run", str(two_runs[0]), "--read-gbps", "5.23"]) == 0
-    assert "vs the run's median" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "vs the run's median" in out and "over the run's median: TTFT" in out
 
 
 def test_outputs_are_read_back_while_current_and_not_after_an_input_changes(tmp_path):
@@ -147,3 +149,24 @@ def test_outputs_are_read_back_while_current_and_not_after_an_input_changes(tmp_
     requests = rundir.read_table(run, "requests")
     requests.to_parquet(rundir.table_path(run, "requests"), index=False)  # rewritten
     assert outputs.load_current(run) is None
+
+
+def test_whatif_predicts_one_runs_slowdown_over_another_beside_the_measured_one(two_runs,
+                                                                               capsys):
+    a, b = (str(run) for run in two_runs)
+    assert main(["whatif", "--run", a, "--against", b, "--phase", "cold"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ttft: predicted 1.00x, measured 1.00x, error [+-]0.0%", out)  # one run twice
+    assert "storage: predicted 1.00x, measured 1.00x" in out
+
+
+def test_whatif_names_a_phase_the_run_lacks_in_one_line(two_runs, capsys):
+    assert main(["whatif", "--run", str(two_runs[0]), "--phase", "hot"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no request of phase 'hot'" in err and "cold" in err
+
+
+def test_whatif_against_a_run_without_one_to_fit_is_refused_in_one_line(two_runs, capsys):
+    assert main(["whatif", "--against", str(two_runs[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need --run RUN" in err

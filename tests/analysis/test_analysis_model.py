@@ -118,3 +118,59 @@ def test_disk_backend_counters_give_refusal_and_read_ahead_findings_per_phase():
                                                          ("unclaimed-read-ahead", "cold-c1")]
     assert "refused 2 chunk files (2 checksum)" in found[0][1]
     assert "3 chunks read ahead at lookup (of 24 started)" in found[1][1]
+
+
+def test_slowdown_moves_the_measured_ttft_by_the_predicted_change_of_storage():
+    x = whatif.Inputs(kv_bytes_per_token=1024, context_tokens=3840, hit_tokens=3584,
+                      concurrency=1, read_bw=0.6e9, prefill_tokens_per_s=1e4, fixed_s=0.05)
+    storage = 3584 * 1024 / 0.6e9
+    measured = 0.1  # the run's median TTFT: more than the model's 0.05 + prefill + storage
+    slower = whatif.slowdown(x, measured, read_bw=0.15e9)
+    assert slower["storage"] == pytest.approx(4.0)
+    assert slower["ttft"] == pytest.approx((measured + 3 * storage) / measured)
+    # the same from the serial path's shape: one 128 KiB read in flight, 1 ms each
+    depth_one = whatif.slowdown(x, measured, queue_depth=1, chunk_bytes=128 << 10,
+                                read_latency_s=1e-3)
+    assert depth_one["storage"] == pytest.approx(0.6e9 / ((128 << 10) / 1e-3))
+
+
+def _attribution(storage_ms: list[float], other_ms: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A cold run's attribution and requests at concurrency 1: every request hits 14 chunks of
+    the tiny twin (256 KiB each) and spends `other_ms` outside the read, 1/5 of it prefilling."""
+    n = len(storage_ms)
+    storage = pd.Series(storage_ms) * 1e6
+    attribution = pd.DataFrame({
+        "request_id": [f"r{i}" for i in range(n)], "phase": "cold", "concurrency": 1,
+        "partial": False, "read_bytes": 14 * (256 << 10),
+        "storage_read_ns": storage.astype("int64"),
+        "prefill_ns": int(other_ms * 2e5), "ttft_ns": (storage + other_ms * 1e6).astype("int64")})
+    requests = pd.DataFrame({"request_id": attribution["request_id"], "prompt_tokens": 3840,
+                             "cached_tokens": 3584})
+    return attribution, requests
+
+
+def test_a_parallel_runs_fit_given_the_serial_bandwidth_predicts_the_measured_slowdown():
+    fast, fast_requests = _attribution([6.0, 6.5, 5.5, 6.2, 5.8], other_ms=40)
+    slow, slow_requests = _attribution([24.0, 25.0, 23.5, 24.5, 24.2], other_ms=40)
+    fast_fit, _ = whatif.fit_run(fast, fast_requests, 1024)
+    slow_fit, _ = whatif.fit_run(slow, slow_requests, 1024)
+    predicted = whatif.slowdown(fast_fit, whatif.medians(fast)["ttft"], read_bw=slow_fit.read_bw)
+    measured = whatif.measured_slowdown(slow, fast)
+    assert measured["ttft"] == pytest.approx((24.2 + 40) / (6.0 + 40))
+    assert measured["storage"] == pytest.approx(24.2 / 6.0)
+    for part in ("ttft", "storage"):
+        assert predicted[part] == pytest.approx(measured[part], rel=0.02), part
+
+
+def test_a_slowdown_of_runs_without_complete_requests_is_refused():
+    fast, _ = _attribution([6.0], other_ms=40)
+    with pytest.raises(ValueError, match="no complete requests"):
+        whatif.measured_slowdown(fast.assign(partial=True), fast)
+
+
+def test_a_few_stalled_requests_do_not_set_the_fitted_read_bandwidth():
+    steady, requests = _attribution([30.0, 31.0, 29.0, 28.0, 32.0], other_ms=40)
+    stalled, _ = _attribution([30.0, 29.0, 28.0, 140.0, 120.0], other_ms=40)
+    fits = [whatif.fit_run(frame, requests, 1024)[0] for frame in (steady, stalled)]
+    assert fits[1].read_bw == pytest.approx(fits[0].read_bw)
+    assert fits[0].read_bw == pytest.approx(14 * (256 << 10) / 0.030)

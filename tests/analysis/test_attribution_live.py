@@ -3,10 +3,12 @@ attributed storage component by it.
 
 The base run is the command line's: warm then cold into a valid run directory, with the probes
 seeing the worker read every full chunk back from the disk. A second run reads the same chunks
-cold with KVSCOPE_READ_DELAY_MS=D on the `kvscope-serial` backend: in serial mode the backend sleeps D before each chunk's single read, so
-each request's storage read grows by chunks x D and nothing else should. The delay is large next
-to the scheduling jitter of a busy 2-core machine (a late wake-up adds a few ms, never removes any),
-so every request must move by at least the delay and the median by the delay within 10%.
+cold with KVSCOPE_READ_DELAY_MS=D on the `kvscope-serial` backend: the backend sleeps D before
+each read syscall, and serial mode makes them one after another (128 KiB each: 2 per chunk of
+the tiny twin), so each request's storage read grows by reads x D and nothing else should. The
+delay is large next to the scheduling jitter of a busy 2-core machine (a late wake-up adds a few
+ms, never removes any), so every request must move by at least the delay and the median by the
+delay within 10%.
 """
 
 from __future__ import annotations
@@ -91,10 +93,10 @@ def test_a_run_then_an_injected_read_delay_moves_storage_read_by_that_delay(
     assert len(base) == len(slow) == REQUESTS, "every cold request must be fully attributed"
 
     reads = slow_run.spans[slow_run.spans["name"] == "kvscope.storage.read"]
-    chunks = reads.groupby("request_id")["attributes"].apply(
-        lambda attrs: sum(int(a["kvscope.storage.chunks"]) for a in attrs))
-    per_prompt = slow.join(chunks.rename("chunks"), on="request_id")["chunks"]
-    assert (per_prompt == PROMPT_TOKENS // 256).all(), per_prompt.tolist()
+    sub_reads = reads.groupby("request_id")["attributes"].apply(
+        lambda attrs: sum(int(a["kvscope.storage.subreads"]) for a in attrs))
+    per_prompt = slow.join(sub_reads.rename("sub_reads"), on="request_id")["sub_reads"]
+    assert (per_prompt == 2 * (PROMPT_TOKENS // 256)).all(), per_prompt.tolist()
 
     expected_ns = per_prompt * DELAY_MS * 1_000_000
     moved = slow["storage_read_ns"] - base["storage_read_ns"]

@@ -123,4 +123,24 @@ def test_sizes_and_serial_mode():
     assert parse_size("k", "4MiB") == 4 << 20 and parse_size("k", "20GB") == 20 * 10**9
     cfg = from_extra_config({"kvscope.path": "/x", "kvscope.mode": "serial"}, 2.0)
     assert cfg.capacity == 2 << 30
-    assert cfg.effective_queue_depth == 1 and cfg.effective_read_unit is None
+    # serial reads as the seeds' serial path did: 128 KiB at a time, one in flight
+    assert cfg.effective_queue_depth == 1 and cfg.read_unit == 128 << 10
+    assert from_extra_config({"kvscope.path": "/x"}, 2.0).read_unit == 4 << 20  # parallel
+
+
+@pytest.mark.parametrize(("knobs", "reads_per_chunk"), [
+    pytest.param({}, CHUNK_BYTES // (128 << 10), id="default-128KiB"),
+    pytest.param({"kvscope.read_unit": "4MiB"}, 1, id="one-read-per-chunk"),
+])
+def test_serial_mode_reads_chunk_after_chunk_in_read_unit_pieces_from_one_reader(
+        harness, events, knobs, reads_per_chunk):
+    h = harness(**{"kvscope.mode": "serial", **knobs})
+    h.put([0, 1, 2])
+    assert_exact(h.get([0, 1, 2]), [0, 1, 2])
+    [submit] = events["on_read_submit"]
+    [done] = events["on_read_complete"]
+    assert submit.mode == "serial" and submit.sub_reads == 3 * reads_per_chunk
+    assert len(done.reader_tids) == 1  # one reader: one read in flight, each waited for
+    ready = [chunk.ready_ns for chunk in done.chunks]
+    assert ready == sorted(ready) and done.ok_chunks == 3  # chunks in turn, all verified
+    assert h.backend.stats()["queue_depth"] == 1

@@ -109,10 +109,15 @@ def _keys(n):
     return [key(i) for i in range(n)]
 
 
-@pytest.mark.parametrize("read_unit", ["64KiB", "1MiB", "4MiB"])
-def test_corruption_in_any_hash_block_is_caught(harness, tmp_path, read_unit):
-    """2 MiB chunks = two 1 MiB hash blocks; sub-reads smaller than, equal to, larger than one."""
-    h = harness(layers=16, **{"kvscope.read_unit": read_unit})
+@pytest.mark.parametrize("knobs", [
+    *[pytest.param({"kvscope.read_unit": unit}, id=unit) for unit in ("64KiB", "1MiB", "4MiB")],
+    pytest.param({"kvscope.mode": "serial"}, id="serial-128KiB"),
+])
+def test_corruption_in_any_hash_block_is_caught(harness, tmp_path, knobs):
+    """2 MiB chunks = two 1 MiB hash blocks; sub-reads smaller than, equal to, larger than one,
+    and serial mode's 128 KiB reads one after another (a block wider than one read is checked
+    when the chunk's last read lands, before the chunk is served)."""
+    h = harness(layers=16, **knobs)
     h.put([0, 1])
     assert_exact(h.get([0]), [0], layers=16)
     _flip_payload_byte(chunk_path(tmp_path / "kv", 1), (1 << 20) + 777)  # second block
