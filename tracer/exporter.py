@@ -237,16 +237,20 @@ class Exporter:
         self._write_own_stats(closed=False)
 
     def _write_own_stats(self, closed: bool) -> None:
-        """This process's own errors (a part it could not write, say) and the tail sampler's
-        counts, in a stats file of its own, summed with every serving process's into
-        manifest.tracer, whenever they change."""
+        """This process's own errors (a part it could not write, say; not the configuration's,
+        which every serving process counts already) and the tail sampler's counts, in a stats
+        file of its own, summed with every serving process's into manifest.tracer, whenever
+        they change; no file while there is nothing to say."""
         sampling = {} if self.sampler is None else {"sampling": self.sampler.counts()}
-        state = (sampling, failsafe.version(), closed)
-        if self.stats is None or state == self._written:
+        errors = {where: n for where, n in failsafe.counts().items()
+                  if not where.startswith(failsafe.CONFIG)}
+        state = (sampling, errors, closed)
+        if self.stats is None or state == self._written or not (sampling or errors
+                                                                 or self._written):
             return
         self._written = state
         self.stats.write({"role": EXPORTER_STATS, "exporters": [], "spans_ended": 0,
-                          **sampling, "closed": closed}, failsafe.counts())
+                          **sampling, "closed": closed}, errors)
 
     def _read(self, source: Source, drain: bool) -> None:
         """Take what `source`'s rings hold, as much as its exporters' queues have room for
