@@ -56,15 +56,6 @@ def remote_parent(headers: Mapping[str, str] | None) -> trace.SpanContext | None
     return trace.SpanContext(trace_id, span_id, True, trace.TraceFlags(int(plain.group(3), 16)))
 
 
-def sampled_context_from_headers(headers: Mapping[str, str] | None) -> Context | None:
-    """The remote parent if it is sampled: an unsampled request costs no further work."""
-    context = context_from_headers(headers)
-    if context is None:
-        return None
-    return context if trace.get_current_span(context).get_span_context().trace_flags.sampled \
-        else None
-
-
 def headers_from_context(context: Context | None = None) -> dict[str, str]:
     """`traceparent` (and `tracestate`) for `context` (default: the current one)."""
     carrier: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from opentelemetry import trace
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,7 +18,7 @@ from kvscope.tracer import async_reads, pipeline, runtime
 from kvscope.contract import semconv
 from kvscope.exports.perfetto import assign_lanes, chrome_trace
 from kvscope.tracer.spans import (RequestTrace, client_request_id, context_from_headers,
-                          headers_from_context)
+                                  headers_from_context, remote_parent)
 
 
 @pytest.mark.parametrize(("vllm_id", "client_id"), [
@@ -28,6 +29,34 @@ from kvscope.tracer.spans import (RequestTrace, client_request_id, context_from_
 ])
 def test_client_request_id_from_vllm_id(vllm_id, client_id):
     assert client_request_id(vllm_id) == client_id
+
+
+LOWER, HEX = "0123456789abcdef", "0123456789abcdefABCDEF"
+
+
+def _hex_ids(size: int) -> st.SearchStrategy[str]:
+    """Mostly well-formed ids, some all-zero, some of another length or case."""
+    return st.one_of(st.text(LOWER, min_size=size, max_size=size), st.just("0" * size),
+                     st.text(HEX, min_size=size - 1, max_size=size + 1))
+
+
+@given(st.sampled_from(["00", "01", "ff", "0"]), _hex_ids(32), _hex_ids(16),
+       st.sampled_from(["00", "01", "03", "1"]),
+       st.sampled_from([None, "", "k=v", "k=v,bad entry"]))
+def test_the_fast_traceparent_reader_agrees_with_the_propagator(version, trace_id, span_id,
+                                                                 flags, state):
+    headers = {"traceparent": f"{version}-{trace_id}-{span_id}-{flags}"}
+    if state is not None:
+        headers["tracestate"] = state
+    expected = context_from_headers(headers)
+    got = remote_parent(headers)
+    if expected is None:
+        assert got is None
+        return
+    want = trace.get_current_span(expected).get_span_context()
+    assert got is not None
+    assert (got.trace_id, got.span_id, got.trace_flags, got.is_remote, got.trace_state) == (
+        want.trace_id, want.span_id, want.trace_flags, want.is_remote, want.trace_state)
 
 
 def test_traceparent_round_trip_and_invalid_headers():
