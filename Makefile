@@ -7,6 +7,13 @@ PY := $(VENV)/bin/python
 setup:
 	bash scripts/setup.sh
 
+# The study's point on any machine: on an emulated NVMe-oF device (a twin: per-read network round
+# trips), serial and parallel reads part; three repetitions in ABBA blocks give every ratio an
+# interval across runs. About 13 min on the 2-core VMs. `DEMO_ARGS=` runs every profile on the
+# real disk instead.
+DEMO_ARGS ?= --device twin:nvmeof-tcp-x4 --profiles kvscope,kvscope-serial,stock \
+	--model qwen2.5-7b --requests 8 --concurrency 1,8 --repeats 3
+
 demo: setup
 	$(VENV)/bin/kvscope demo $(DEMO_ARGS)
 
