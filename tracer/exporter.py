@@ -46,6 +46,7 @@ logger = logging.getLogger("kvscope.tracer.exporter")
 
 SCOPE = InstrumentationScope(SCOPE_NAME, __version__)
 POLL_S = 0.05
+HELLO_TIMEOUT_S = 5.0
 READ_LIMIT = 8192  # records per ring per round
 DRAIN_S = 5.0  # a closed process's records wait this long for room in a full exporter queue
 MAX_RINGS = 4096  # per exporter: more descriptors than this are refused
@@ -189,7 +190,9 @@ class Exporter:
             conn.close()
             return
         try:
+            conn.settimeout(HELLO_TIMEOUT_S)  # a process that connects and says nothing
             data = conn.recv(exporter_link.MAX_MESSAGE)
+            conn.settimeout(None)
             hello = json.loads(data)["hello"]
             self.sources[conn] = Source(hello, conn)
         except Exception as e:
@@ -288,8 +291,12 @@ class Exporter:
     @staticmethod
     def _export(items: list[Item]) -> None:
         for source, record in items:
-            source.pipeline.span_processor.on_end(
-                readable_span(record, source.resource, source.offset_ns))
+            try:
+                span = readable_span(record, source.resource, source.offset_ns)
+            except Exception as e:  # a record of a shape no tracer writes: skipped, counted
+                failsafe.count("exporter.record", e, fix="that span is not exported")
+                continue
+            source.pipeline.span_processor.on_end(span)
 
     def finish(self) -> None:
         """Every process is gone: the last records out, every pipeline shut down at once."""

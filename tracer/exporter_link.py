@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10.0  # a new exporter process imports the SDK first
 RECONNECT_S = 30.0
 EXIT_WAIT_S = 10.0  # the starter waits this long at exit for the exporter's last export
+MAX_RESTARTS = 10  # an exporter that keeps dying is not started forever
 EXIT_PRIORITY = 100  # multiprocessing finalizers with higher priority run first
 MAX_MESSAGE = 4096
 _PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -82,9 +83,15 @@ class Supervisor:
                                  str(self.owner)], stdin=subprocess.DEVNULL, close_fds=True)
 
     def _watch(self) -> None:
-        while True:
+        for restarts in range(MAX_RESTARTS + 1):
             code = self.process.wait()
             if self.stopping or os.getpid() != self.owner:
+                return
+            if restarts == MAX_RESTARTS:
+                failsafe.count("exporter.gave_up", ExporterError(
+                    f"the exporter process died {restarts + 1} times"), fix="no new one is "
+                    "started: spans stay in the rings, then are dropped and counted; restart "
+                    "the server")
                 return
             failsafe.count("exporter.restart", ExporterError(
                 f"exporter process {self.process.pid} exited with status {code}"),
