@@ -52,6 +52,16 @@ def _no_inherited_prometheus_multiproc_dir(monkeypatch):
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_tracer_left_running():
+    """A test that traced in this process (a hook calling runtime.get()) leaves no exporter
+    process behind, nor its address in the environment every later server would inherit."""
+    yield
+    from kvscope.tracer import runtime
+
+    runtime.reset()
+
+
 MODELS_DIR = Path(os.environ.get("KVSCOPE_MODELS_DIR", Path.home() / ".cache/kvscope/models"))
 
 

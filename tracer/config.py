@@ -10,6 +10,7 @@ pipeline is built, so the line and the count appear once per process.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -64,6 +65,13 @@ VARIABLES = (ENV_SPANS_DIR, ENV_CLOCK_OFFSET, "OTEL_TRACES_EXPORTER", "OTEL_EXPO
              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT",
              "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
              "OTEL_SERVICE_NAME", *BSP)
+
+
+def identity(env: Mapping[str, str] | None = None) -> str:
+    """What decides where a process's spans go and how (the variables above, as set): a
+    process hands its rings only to an exporter process of the same identity."""
+    env = os.environ if env is None else env
+    return json.dumps({name: env.get(name) for name in VARIABLES}, sort_keys=True)
 
 
 class ConfigError(ValueError):

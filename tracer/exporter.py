@@ -150,6 +150,7 @@ class Exporter:
                  sampler: TailSampler[Item] | None = None) -> None:
         self.listener = listener
         self.starter_pid = starter_pid
+        self.identity = config.identity()
         spans_dir = config.load().spans_dir
         self.stats = None if spans_dir is None else \
             pipeline.StatsFile(spans_dir, EXPORTER_STATS, os.getpid())
@@ -194,7 +195,12 @@ class Exporter:
             data = conn.recv(exporter_link.MAX_MESSAGE)
             conn.settimeout(None)
             hello = json.loads(data)["hello"]
+            if hello.get("config") != self.identity:  # it inherited another server's address
+                conn.sendall(b'{"refused": "another configuration"}')
+                conn.close()
+                return
             self.sources[conn] = Source(hello, conn)
+            conn.sendall(exporter_link.ACCEPTED)
         except Exception as e:
             logger.warning("kvscope exporter: a process's greeting was refused: %s", e)
             conn.close()

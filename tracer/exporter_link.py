@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable
 
 from kvscope.contract.env import ENV_EXPORTER
-from kvscope.tracer import failsafe
+from kvscope.tracer import config, failsafe
 from kvscope.tracer.span_ring import Ring
 
 logger = logging.getLogger(__name__)
@@ -45,11 +45,17 @@ EXIT_WAIT_S = 10.0  # the starter waits this long at exit for the exporter's las
 MAX_RESTARTS = 10  # an exporter that keeps dying is not started forever
 EXIT_PRIORITY = 100  # multiprocessing finalizers with higher priority run first
 MAX_MESSAGE = 4096
+ACCEPTED = b'{"accepted": true}'  # the exporter's answer to a greeting it takes
 _PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class ExporterError(RuntimeError):
     """The exporter process could not be reached, or is not this user's."""
+
+
+class OtherExporter(ExporterError):
+    """No exporter at the inherited address, or one exporting elsewhere (another server's,
+    whose address this process inherited): this process starts its own."""
 
 
 def at_exit(close: Callable[[], None]) -> None:
@@ -114,11 +120,14 @@ _supervisor: list[Supervisor] = []
 
 def start_if_first() -> str:
     """The address of this server's exporter, started here unless a parent process did."""
-    name = os.environ.get(ENV_EXPORTER, "")
-    if not name:
-        name = f"kvscope-{os.getuid()}-{os.getpid()}-{secrets.token_hex(8)}"
-        _supervisor.append(Supervisor(name))
-        os.environ[ENV_EXPORTER] = name
+    return os.environ.get(ENV_EXPORTER, "") or start_own()
+
+
+def start_own() -> str:
+    """Start an exporter process here and name it to the processes started after this."""
+    name = f"kvscope-{os.getuid()}-{os.getpid()}-{secrets.token_hex(8)}"
+    _supervisor.append(Supervisor(name))
+    os.environ[ENV_EXPORTER] = name
     return name
 
 
@@ -135,8 +144,18 @@ class Link:
 
     @classmethod
     def join(cls, hello: dict[str, Any]) -> "Link":
-        link = cls(start_if_first(), {**hello, "pid": os.getpid()})
-        link._attach(link._connect(CONNECT_TIMEOUT_S))
+        """This process's link to its server's exporter; to one of its own when the address it
+        inherited has none, or one of another identity (config.identity: a server started by
+        a traced process inherits that process's address, not its spans directory)."""
+        hello = {**hello, "pid": os.getpid(), "config": config.identity()}
+        link = cls(start_if_first(), hello)
+        try:
+            sock = link._connect(CONNECT_TIMEOUT_S)
+        except OtherExporter as e:
+            logger.info("kvscope tracer: pid %d starts an exporter of its own: %s", os.getpid(), e)
+            link.name = start_own()
+            sock = link._connect(CONNECT_TIMEOUT_S)
+        link._attach(sock)
         threading.Thread(target=link._watch, name="kvscope-exporter-link", daemon=True).start()
         return link
 
@@ -159,7 +178,7 @@ class Link:
             except OSError as e:
                 sock.close()
                 if time.monotonic() > deadline:
-                    raise ExporterError(f"no exporter process at @{self.name} after "
+                    raise OtherExporter(f"no exporter process at @{self.name} after "
                                         f"{timeout_s:.0f} s ({e})") from None
                 time.sleep(0.05)
         uid = peer_uid(sock)
@@ -167,7 +186,18 @@ class Link:
             sock.close()
             raise ExporterError(f"the exporter socket @{self.name} belongs to uid {uid}, not "
                                 f"{os.getuid()}: refused")
-        sock.sendall(json.dumps({"hello": self.hello}).encode())
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 1.0))
+            sock.sendall(json.dumps({"hello": self.hello}).encode())
+            answer = sock.recv(MAX_MESSAGE)
+            sock.settimeout(None)
+        except OSError as e:
+            sock.close()
+            raise OtherExporter(f"the exporter at @{self.name} did not answer ({e})") from None
+        if answer != ACCEPTED:
+            sock.close()
+            raise OtherExporter(f"the exporter at @{self.name} exports another configuration's "
+                                f"spans ({answer[:200]!r})")
         return sock
 
     def _attach(self, sock: socket.socket) -> None:

@@ -63,6 +63,35 @@ def test_a_killed_exporter_is_started_again_and_what_it_had_taken_is_counted_los
     assert ENV_EXPORTER not in os.environ, "a later tracer in this process starts its own"
 
 
+_CHILD = """
+from kvscope.contract import semconv
+from kvscope.tracer import runtime, spans
+rt = runtime.get()
+request = spans.RequestTrace.from_headers(
+    {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, "cmpl-c-0-01234567")
+for i in range(3):
+    spans.record(rt, semconv.SPAN_QUEUE, request, 1_000 + i, 2_000 + i)
+runtime.reset()
+"""
+
+
+def test_a_process_that_inherits_another_configurations_exporter_starts_its_own(
+        tmp_path, monkeypatch):
+    """A server started from a traced process inherits that process's exporter address, not
+    its spans directory: its spans go where its own environment says."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    monkeypatch.setenv(ENV_SPANS_DIR, str(ours))
+    assert runtime.get() is not None
+    inherited = os.environ[ENV_EXPORTER]
+    subprocess.run([sys.executable, "-c", _CHILD], env={**os.environ, ENV_SPANS_DIR: str(theirs)},
+                   check=True, timeout=120)
+    _record(runtime.get(), 2)
+    assert os.environ[ENV_EXPORTER] == inherited, "ours is still ours"
+    runtime.reset()
+    assert summarize_stats(theirs, final=True)["spans_exported"] == {"file": 3}
+    assert summarize_stats(ours, final=True)["spans_exported"] == {"file": 2}
+
+
 _CONNECT = """
 import json, socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
