@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import socket
 import tempfile
@@ -94,23 +95,32 @@ class ServingCpu:
 
     def __init__(self) -> None:
         self.by_phase: dict[str, float] = {}
-        self._phase, self._pids, self._start = "", [], 0.0
+        self.by_process: dict[str, dict[str, float]] = {}  # phase -> process kind -> CPU s
+        self._phase, self._pids = "", []
+        self._start: dict[str, float] = {}
 
     def start_phase(self, run: Path, phase: str, server) -> None:
         self._phase, self._pids = phase, server.pids()
         self._start = self._cpu()
 
     def stop_phase(self) -> None:
-        self.by_phase[self._phase] = self._cpu() - self._start
+        now = self._cpu()
+        used = {kind: now.get(kind, 0.0) - self._start.get(kind, 0.0) for kind in now}
+        self.by_process[self._phase] = used
+        self.by_phase[self._phase] = sum(used.values())
 
-    def _cpu(self) -> float:
-        total = 0.0
+    def _cpu(self) -> dict[str, float]:
+        """CPU seconds so far by kind of process: the exporter process, or vLLM's own name."""
+        total: dict[str, float] = {}
         for pid in self._pids:
             try:
-                times = psutil.Process(pid).cpu_times()
+                process = psutil.Process(pid)
+                times = process.cpu_times()
+                kind = "exporter" if "kvscope.tracer.exporter" in " ".join(
+                    process.cmdline()) else process.name()
             except psutil.NoSuchProcess:
                 continue
-            total += times.user + times.system
+            total[kind] = total.get(kind, 0.0) + times.user + times.system
         return total
 
 
@@ -145,6 +155,8 @@ def _one(out: Path, variant: str, args: argparse.Namespace, vllm_endpoint: str,
     requests["run"] = out.name
     requests["round"] = round_no
     requests["serving_cpu_s"] = requests["phase"].map(cpu.by_phase)
+    requests["cpu_by_process"] = requests["phase"].map(
+        lambda phase: json.dumps(cpu.by_process.get(phase, {}), sort_keys=True))
     requests["spans"] = 0.0
     if tracing:
         spans = analysis.load_run(run).spans
@@ -198,15 +210,20 @@ def _report_rounds(table: pd.DataFrame, variants: list[str]) -> None:
 
 
 def _report_cpu(table: pd.DataFrame, variants: list[str]) -> None:
-    """Serving CPU per request per variant, round by round."""
+    """Serving CPU per request per variant, round by round, and by process (the last round)."""
     per_run = table.groupby(["phase", "variant", "round"]).agg(
         cpu_s=("serving_cpu_s", "first"), requests=("request_id", "size"))
     per_run["cpu_per_request_ms"] = per_run["cpu_s"] / per_run["requests"] * 1e3
     for phase in table["phase"].unique():
         for variant in variants:
             cpu = per_run.loc[(phase, variant)]["cpu_per_request_ms"]
+            rows = table[(table["phase"] == phase) & (table["variant"] == variant)]
+            last = rows[rows["round"] == rows["round"].max()]
+            by_process = json.loads(last["cpu_by_process"].iloc[0])
             print(f"{phase:>5} {variant:>13}: serving CPU {cpu.median():7.2f} ms/request "
-                  f"(rounds {', '.join(f'{v:.2f}' for v in cpu)})")
+                  f"(rounds {', '.join(f'{v:.2f}' for v in cpu)}); last round by process: "
+                  + ", ".join(f"{kind} {seconds / len(last) * 1e3:.2f}"
+                              for kind, seconds in sorted(by_process.items())))
 
 
 def main(argv: list[str] | None = None) -> int:
