@@ -45,7 +45,8 @@ from kvscope.tracer.version import SCOPE as SCOPE_NAME, __version__
 logger = logging.getLogger("kvscope.tracer.exporter")
 
 SCOPE = InstrumentationScope(SCOPE_NAME, __version__)
-POLL_S = 0.05
+# A round as often as the files are written: more rounds would cost CPU and save no latency
+POLL_S = pipeline.FILE_FLUSH_MS / 1000
 HELLO_TIMEOUT_S = 5.0
 READ_LIMIT = 8192  # records per ring per round
 DRAIN_S = 5.0  # a closed process's records wait this long for room in a full exporter queue
