@@ -57,9 +57,10 @@ def _no_tracer_left_running():
     """A test that traced in this process (a hook calling runtime.get()) leaves no exporter
     process behind, nor its address in the environment every later server would inherit."""
     yield
-    from kvscope.tracer import runtime
+    from kvscope.tracer import exporter_link, runtime
 
     runtime.reset()
+    exporter_link.stop_started_here()
 
 
 MODELS_DIR = Path(os.environ.get("KVSCOPE_MODELS_DIR", Path.home() / ".cache/kvscope/models"))

@@ -20,6 +20,7 @@ lost (tracer/exporter.py), and the restart is counted as an `exporter.restart` e
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import logging
 import multiprocessing.util
@@ -81,6 +82,7 @@ class Supervisor:
         self.name = name
         self.owner = os.getpid()
         self.stopping = False
+        self.joined = False  # a process of this one's has linked to it
         self.process = self._spawn()
         threading.Thread(target=self._watch, name="kvscope-exporter-watch", daemon=True).start()
 
@@ -106,8 +108,11 @@ class Supervisor:
             self.process = self._spawn()
 
     def stop(self, timeout_s: float) -> None:
-        """The exporter exits once every process has closed its link; wait for that."""
+        """The exporter exits once every process has closed its link; wait for that (one no
+        process ever joined is told to go at once)."""
         self.stopping = True
+        if not self.joined:
+            self.process.terminate()
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -119,16 +124,33 @@ _supervisor: list[Supervisor] = []
 
 
 def start_if_first() -> str:
-    """The address of this server's exporter, started here unless a parent process did."""
-    return os.environ.get(ENV_EXPORTER, "") or start_own()
+    """The address of this server's exporter, started here unless a parent process of the
+    same configuration did (the address ends in its configuration's tag; the exporter checks
+    the configuration itself when a process greets it)."""
+    name = os.environ.get(ENV_EXPORTER, "")
+    return name if name.endswith("-" + _tag()) else start_own()
 
 
 def start_own() -> str:
     """Start an exporter process here and name it to the processes started after this."""
-    name = f"kvscope-{os.getuid()}-{os.getpid()}-{secrets.token_hex(8)}"
+    name = f"kvscope-{os.getuid()}-{os.getpid()}-{secrets.token_hex(4)}-{_tag()}"
     _supervisor.append(Supervisor(name))
     os.environ[ENV_EXPORTER] = name
     return name
+
+
+def _tag() -> str:
+    return hashlib.sha256(config.identity().encode()).hexdigest()[:12]
+
+
+def stop_started_here() -> None:
+    """Stop the exporters this process started and forget their address (at the last link's
+    close, and in tests, which start tracers without serving)."""
+    for supervisor in [s for s in _supervisor if s.owner == os.getpid()]:
+        supervisor.stop(EXIT_WAIT_S)
+        _supervisor.remove(supervisor)
+        if os.environ.get(ENV_EXPORTER) == supervisor.name:  # a later tracer starts anew
+            del os.environ[ENV_EXPORTER]
 
 
 class Link:
@@ -156,6 +178,8 @@ class Link:
             link.name = start_own()
             sock = link._connect(CONNECT_TIMEOUT_S)
         link._attach(sock)
+        for supervisor in _supervisor:
+            supervisor.joined |= supervisor.name == link.name
         threading.Thread(target=link._watch, name="kvscope-exporter-link", daemon=True).start()
         return link
 
@@ -250,11 +274,7 @@ class Link:
             except OSError:
                 pass
             sock.close()
-        for supervisor in [s for s in _supervisor if s.owner == os.getpid()]:
-            supervisor.stop(EXIT_WAIT_S)
-            _supervisor.remove(supervisor)
-            if os.environ.get(ENV_EXPORTER) == supervisor.name:  # a later tracer starts anew
-                del os.environ[ENV_EXPORTER]
+        stop_started_here()
 
     def abandon(self) -> None:
         """In a forked child: the parent's connection is the parent's (closed, no goodbye)."""

@@ -135,14 +135,14 @@ while True:
 @pytest.mark.root
 def test_an_exporter_address_another_user_holds_turns_tracing_off_in_one_line(
         tmp_path, monkeypatch, caplog):
-    name = f"kvscope-squatted-{os.getpid()}"
+    monkeypatch.setenv(ENV_SPANS_DIR, str(tmp_path))
+    name = f"kvscope-squatted-{os.getpid()}-{exporter_link._tag()}"  # what ours would be named
     squatter = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
                                  "--clear-groups", sys.executable, "-c", _SQUAT, name],
                                 stdout=subprocess.PIPE, text=True)
     try:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "bound"
         monkeypatch.setenv(ENV_EXPORTER, name)
-        monkeypatch.setenv(ENV_SPANS_DIR, str(tmp_path))
         failsafe.reset()
         config.reset()
         with caplog.at_level(logging.WARNING, logger="kvscope.tracer.failsafe"):
