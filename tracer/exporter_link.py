@@ -163,6 +163,7 @@ class Link:
         self.sock: socket.socket | None = None
         self.closed = False
         self._lock = threading.Lock()
+        self._linked = threading.Event()  # clear while the watcher reconnects
 
     @classmethod
     def join(cls, hello: dict[str, Any]) -> "Link":
@@ -192,37 +193,40 @@ class Link:
                 self._send_ring(self.sock, ring)
 
     def _connect(self, timeout_s: float) -> socket.socket:
-        """A connection to this user's exporter, greeted; ExporterError when there is none."""
+        """A connection to this user's exporter, greeted and accepted; tried again until
+        `timeout_s` while there is none (or one dying as it answers); ExporterError when it is
+        another user's, OtherExporter when there is none or it exports elsewhere."""
         deadline = time.monotonic() + timeout_s
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             try:
                 sock.connect(address(self.name))
-                break
+                uid = peer_uid(sock)
+                if uid != os.getuid():
+                    raise ExporterError(f"the exporter socket @{self.name} belongs to uid {uid}, "
+                                        f"not {os.getuid()}: refused")
+                sock.settimeout(max(deadline - time.monotonic(), 1.0))
+                sock.sendall(json.dumps({"hello": self.hello}).encode())
+                answer = sock.recv(MAX_MESSAGE)
+                sock.settimeout(None)
             except OSError as e:
                 sock.close()
                 if time.monotonic() > deadline:
-                    raise OtherExporter(f"no exporter process at @{self.name} after "
+                    raise OtherExporter(f"no exporter process answers at @{self.name} after "
                                         f"{timeout_s:.0f} s ({e})") from None
                 time.sleep(0.05)
-        uid = peer_uid(sock)
-        if uid != os.getuid():
-            sock.close()
-            raise ExporterError(f"the exporter socket @{self.name} belongs to uid {uid}, not "
-                                f"{os.getuid()}: refused")
-        try:
-            sock.settimeout(max(deadline - time.monotonic(), 1.0))
-            sock.sendall(json.dumps({"hello": self.hello}).encode())
-            answer = sock.recv(MAX_MESSAGE)
-            sock.settimeout(None)
-        except OSError as e:
-            sock.close()
-            raise OtherExporter(f"the exporter at @{self.name} did not answer ({e})") from None
-        if answer != ACCEPTED:
-            sock.close()
-            raise OtherExporter(f"the exporter at @{self.name} exports another configuration's "
-                                f"spans ({answer[:200]!r})")
-        return sock
+                continue
+            except ExporterError:
+                sock.close()
+                raise
+            if answer != ACCEPTED:
+                sock.close()
+                if not answer and time.monotonic() < deadline:  # closed as it died: again
+                    time.sleep(0.05)
+                    continue
+                raise OtherExporter(f"the exporter at @{self.name} exports another "
+                                    f"configuration's spans ({answer[:200]!r})")
+            return sock
 
     def _attach(self, sock: socket.socket) -> None:
         """Use `sock` from now on, after handing it every ring made so far."""
@@ -230,6 +234,7 @@ class Link:
             for ring in self.rings:
                 self._send_ring(sock, ring)
             self.sock = sock
+        self._linked.set()
 
     @staticmethod
     def _send_ring(sock: socket.socket, ring: Ring) -> None:
@@ -252,6 +257,7 @@ class Link:
                 if self.closed or os.getpid() != self.hello["pid"]:
                     return
                 self.sock = None
+                self._linked.clear()
             sock.close()
             try:
                 self._attach(self._connect(RECONNECT_S))
@@ -262,7 +268,10 @@ class Link:
 
     def close(self) -> None:
         """Say goodbye (the exporter drains this process's rings), then, in the process that
-        started the exporter, wait for its last export."""
+        started the exporter, wait for its last export. While the watcher is handing the rings
+        to a restarted exporter, wait for that first, or their last records would be read by
+        nobody."""
+        self._linked.wait(CONNECT_TIMEOUT_S)
         with self._lock:
             if self.closed:
                 return

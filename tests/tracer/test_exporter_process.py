@@ -54,7 +54,9 @@ def test_a_killed_exporter_is_started_again_and_what_it_had_taken_is_counted_los
     os.kill(first, signal.SIGKILL)
     assert wait_until(lambda: supervisor.process.pid != first, timeout_s=20)
     _record(rt, 50)  # while the new one starts: they wait in the ring
-    runtime.reset()  # the process ends: the new exporter drains the ring and exports
+    assert wait_until(lambda: _pending(tmp_path) == 50, timeout_s=30), \
+        "the new exporter took them, and counts what the dead one had pending as lost"
+    runtime.reset()  # the process ends: the new exporter exports the rest
     final = summarize_stats(tmp_path, final=True)
     assert final["hook_errors"] == {"exporter.restart": 1}
     assert final["spans_ended"] == 150
