@@ -117,8 +117,8 @@ class Source:
             mine.dropped = int(counts.get("dropped", 0)) - self.ring_drops_before
             mine.lost = int(counts.get("lost", 0)) + int(counts.get("pending", 0))
         self.errors = {**before.get("hook_errors", {}),
-                       **{config_key: n for key, n in before.get("config_errors", {}).items()
-                          for config_key in ("config." + key,)}}
+                       **{failsafe.CONFIG + key: n
+                          for key, n in before.get("config_errors", {}).items()}}
 
     def room(self) -> int:
         """Spans the roomiest exporter queue still takes: a slow collector's queue overflows
